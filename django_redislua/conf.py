@@ -1,0 +1,134 @@
+"""The live settings facade: ``REDISLUA`` merged over defaults, re-read when settings change.
+
+The merged dict is cached and the cache is dropped on Django's ``setting_changed`` signal, so
+``override_settings(REDISLUA=...)`` works in tests while the hot path pays one dict lookup.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    # A CACHES alias (django-redis or Django's RedisCache) or a redis://, rediss://, unix://,
+    # redis+cluster:// or redis+sentinel:// URL.
+    "CONNECTION": "default",
+    # Extra keyword arguments for clients this app builds itself (from a URL, or beside a cache).
+    "CONNECTION_OPTIONS": {},
+    # Seconds. Short on purpose: a rate limiter must fail fast, then follow FAIL_OPEN.
+    "SOCKET_TIMEOUT": 0.5,
+    "SOCKET_CONNECT_TIMEOUT": 0.5,
+    "KEY_PREFIX": "rl",
+    "FAIL_OPEN": True,
+    "HEADERS": "ietf",
+    "TRUSTED_PROXIES": 0,
+    "IPV4_MASK": 32,
+    "IPV6_MASK": 64,
+    "POLICIES": {},
+    "MIDDLEWARE_POLICIES": [],
+    "DENIED_VIEW": None,
+    # Call scripts as Redis 7 Functions (FCALL) instead of EVALSHA.
+    "USE_FUNCTIONS": False,
+}
+
+HEADER_MODES = ("ietf", "legacy", "both", None)
+
+
+@functools.cache
+def _merged() -> dict[str, Any]:
+    user = getattr(django_settings, "REDISLUA", {})
+    if not isinstance(user, dict):
+        # checks.py reports this as redislua.E001; the app keeps running on defaults.
+        user = {}
+    return {**DEFAULTS, **user}
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("REDISLUA", "CACHES"):
+        _merged.cache_clear()
+        for callback in _on_change:
+            callback()
+
+
+_on_change: list[Any] = []
+
+
+def on_change(callback: Any) -> Any:
+    """Register a no-argument callable run whenever REDISLUA or CACHES changes (cache resets)."""
+    _on_change.append(callback)
+    return callback
+
+
+class Settings:
+    """Typed, always-current view of ``settings.REDISLUA``."""
+
+    def raw(self) -> dict[str, Any]:
+        return _merged()
+
+    @property
+    def CONNECTION(self) -> str:
+        return str(_merged()["CONNECTION"])
+
+    @property
+    def CONNECTION_OPTIONS(self) -> dict[str, Any]:
+        return dict(_merged()["CONNECTION_OPTIONS"])
+
+    @property
+    def SOCKET_TIMEOUT(self) -> float | None:
+        value = _merged()["SOCKET_TIMEOUT"]
+        return None if value is None else float(value)
+
+    @property
+    def SOCKET_CONNECT_TIMEOUT(self) -> float | None:
+        value = _merged()["SOCKET_CONNECT_TIMEOUT"]
+        return None if value is None else float(value)
+
+    @property
+    def KEY_PREFIX(self) -> str:
+        return str(_merged()["KEY_PREFIX"])
+
+    @property
+    def FAIL_OPEN(self) -> bool:
+        return bool(_merged()["FAIL_OPEN"])
+
+    @property
+    def HEADERS(self) -> str | None:
+        value = _merged()["HEADERS"]
+        return None if value is None else str(value)
+
+    @property
+    def TRUSTED_PROXIES(self) -> int:
+        return int(_merged()["TRUSTED_PROXIES"])
+
+    @property
+    def IPV4_MASK(self) -> int:
+        return int(_merged()["IPV4_MASK"])
+
+    @property
+    def IPV6_MASK(self) -> int:
+        return int(_merged()["IPV6_MASK"])
+
+    @property
+    def POLICIES(self) -> dict[str, dict[str, Any]]:
+        return dict(_merged()["POLICIES"])
+
+    @property
+    def MIDDLEWARE_POLICIES(self) -> list[dict[str, Any]]:
+        return list(_merged()["MIDDLEWARE_POLICIES"])
+
+    @property
+    def DENIED_VIEW(self) -> str | None:
+        value = _merged()["DENIED_VIEW"]
+        return None if value is None else str(value)
+
+    @property
+    def USE_FUNCTIONS(self) -> bool:
+        return bool(_merged()["USE_FUNCTIONS"])
+
+
+settings = Settings()

@@ -1,0 +1,120 @@
+"""Request -> identity: the part of a request a policy counts by.
+
+Key specs: ``"ip"``, ``"user"``, ``"user_or_ip"``, ``"header:<name>"``, ``"get:<param>"``,
+``"post:<param>"``, a callable ``(request) -> str | None`` or its dotted path. ``None`` from a
+key means "not limited". Values are bounded before they reach a Redis key (see
+:func:`django_redislua.limiting.identity.bound_identity`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from typing import Any
+
+from django.http import HttpRequest
+
+from django_redislua.conf import settings
+from django_redislua.limiting.policy import PolicyError, resolve_callable
+
+KeyFunc = Callable[[HttpRequest], "str | None"]
+NAMED_KEYS = ("ip", "user", "user_or_ip")
+PARAM_KEYS = ("header", "get", "post")
+DEFAULT_KEY = "user_or_ip"
+
+
+def client_ip(request: HttpRequest) -> str | None:
+    """The client's address, masked to its network (``IPV4_MASK``/``IPV6_MASK``).
+
+    With ``TRUSTED_PROXIES = N`` the address is the Nth entry from the right of
+    ``X-Forwarded-For`` (each trusted proxy appends the peer it saw); entries to the left of it
+    are client-supplied and never trusted. Missing or malformed addresses give None.
+    """
+    proxies = settings.TRUSTED_PROXIES
+    raw: str | None
+    if proxies > 0:
+        forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+        hops = [h.strip() for h in forwarded.split(",") if h.strip()]
+        raw = hops[-proxies] if len(hops) >= proxies else None
+    else:
+        raw = request.META.get("REMOTE_ADDR")
+    if not raw or len(raw) > 64:
+        return None
+    try:
+        address = ipaddress.ip_address(raw.strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv4Address):
+        prefix = settings.IPV4_MASK
+    else:
+        prefix = settings.IPV6_MASK
+    if prefix >= address.max_prefixlen:
+        return str(address)
+    return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
+
+
+def _user(request: HttpRequest) -> str | None:
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return None
+    return f"u{user.pk}"
+
+
+def _user_or_ip(request: HttpRequest) -> str | None:
+    return _user(request) or client_ip(request)
+
+
+def _ip(request: HttpRequest) -> str | None:
+    return client_ip(request)
+
+
+def _header(name: str) -> KeyFunc:
+    meta = "HTTP_" + name.upper().replace("-", "_")
+    if name.lower().replace("_", "-") == "content-type":
+        meta = "CONTENT_TYPE"
+
+    def key(request: HttpRequest) -> str | None:
+        return request.META.get(meta) or None
+
+    return key
+
+
+def _param(source: str, name: str) -> KeyFunc:
+    def key(request: HttpRequest) -> str | None:
+        data = request.GET if source == "get" else request.POST
+        return data.get(name) or None
+
+    return key
+
+
+_NAMED: dict[str, KeyFunc] = {"ip": _ip, "user": _user, "user_or_ip": _user_or_ip}
+
+
+def key_function(spec: Any) -> KeyFunc:
+    """Turn a key spec into ``(request) -> str | None``; PolicyError (redislua.E008) if unknown."""
+    if spec is None:
+        spec = DEFAULT_KEY
+    if callable(spec):
+        return spec  # type: ignore[no-any-return]
+    if not isinstance(spec, str):
+        raise PolicyError("redislua.E008", f"key {spec!r} is not a key type, callable or dotted path")
+    if spec in _NAMED:
+        return _NAMED[spec]
+    kind, sep, name = spec.partition(":")
+    if sep:
+        if kind in PARAM_KEYS and name:
+            return _header(name) if kind == "header" else _param(kind, name)
+        raise PolicyError(
+            "redislua.E008",
+            f"unknown key type {spec!r}: use ip, user, user_or_ip, header:<name>, get:<param>, "
+            "post:<param>, a callable or a dotted path",
+        )
+    if "." in spec:
+        return resolve_callable(spec, "redislua.E008", "key")  # type: ignore[return-value]
+    raise PolicyError(
+        "redislua.E008",
+        f"unknown key type {spec!r}: use ip, user, user_or_ip, header:<name>, get:<param>, "
+        "post:<param>, a callable or a dotted path",
+    )

@@ -1,0 +1,298 @@
+"""Policy (what to limit, how) and Decision (what Redis decided). No Django request in here."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.utils.module_loading import import_string
+
+from django_redislua.limiting.identity import bound_identity
+from django_redislua.limiting.rates import Rate, RateError, parse_duration, parse_rate
+
+if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager, AbstractContextManager
+
+ALGORITHMS = {
+    "fixed_window": "fw",
+    "sliding_log": "sl",
+    "sliding_window": "sw",
+    "token_bucket": "tb",
+    "leaky_bucket": "lb",
+    "gcra": "gc",
+    "concurrency": "cc",
+}
+WINDOW_ALGORITHMS = frozenset({"fixed_window", "sliding_log", "sliding_window"})
+BUCKET_ALGORITHMS = frozenset({"token_bucket", "leaky_bucket", "gcra"})
+DEFAULT_ALGORITHM = "sliding_window"
+DEFAULT_CONCURRENCY_TIMEOUT = 60.0
+# Options a policy in REDISLUA["POLICIES"] may have. `key`, `methods` and `block` are read by the
+# Django layers; the core stores them untouched.
+POLICY_OPTIONS = frozenset(
+    {"algorithm", "rate", "burst", "limit", "timeout", "key", "methods", "cost", "block"}
+)
+
+RateSpec = str | Callable[..., str | None] | None
+
+
+class PolicyError(ValueError):
+    """A policy is misconfigured. ``check_id`` is the system check that reports it."""
+
+    def __init__(self, check_id: str, message: str) -> None:
+        super().__init__(message)
+        self.check_id = check_id
+
+
+def _positive_int(value: object, check_id: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PolicyError(check_id, f"{what} must be a whole number of at least 1, not {value!r}")
+    return value
+
+
+def resolve_callable(spec: object, check_id: str, what: str) -> Callable[..., Any]:
+    """A callable, or the callable at a dotted path."""
+    if callable(spec):
+        return spec
+    if isinstance(spec, str):
+        try:
+            target = import_string(spec)
+        except ImportError as exc:
+            raise PolicyError(check_id, f"{what} {spec!r} cannot be imported: {exc}") from exc
+        if callable(target):
+            return target  # type: ignore[no-any-return]
+    raise PolicyError(check_id, f"{what} {spec!r} is not callable")
+
+
+class Policy:
+    """A named limit. ``hit``/``peek``/``reset`` decide for one identity in one round trip.
+
+    ``rate`` is ``"N/period"``; it may also be a callable ``(request) -> str | None`` or its
+    dotted path, which the Django layers resolve per request with :meth:`with_rate`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        rate: RateSpec = None,
+        algorithm: str = DEFAULT_ALGORITHM,
+        *,
+        burst: int | None = None,
+        limit: int | None = None,
+        timeout: float | str | None = None,
+        key: Any = None,
+        methods: Sequence[str] | None = None,
+        cost: int = 1,
+        block: bool = True,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise PolicyError("redislua.E004", f"a policy name must be a non-empty string, not {name!r}")
+        if algorithm not in ALGORITHMS:
+            raise PolicyError(
+                "redislua.E005",
+                f"policy {name!r}: unknown algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})",
+            )
+        self.name = name
+        self.algorithm = algorithm
+        self.code = ALGORITHMS[algorithm]
+        self.key = key
+        self.methods = _methods(name, methods)
+        self.cost = _positive_int(cost, "redislua.E010", f"policy {name!r}: cost")
+        self.block = bool(block)
+        self.rate_spec: RateSpec = rate
+        self.rate: Rate | None = None
+        self.timeout: float | None = None
+        self.burst: int | None = None
+        self._rate_callable: Callable[..., str | None] | None = None
+
+        if algorithm == "concurrency":
+            if limit is None:
+                raise PolicyError("redislua.E010", f"policy {name!r}: a concurrency policy needs `limit`")
+            self.limit = _positive_int(limit, "redislua.E010", f"policy {name!r}: limit")
+            try:
+                self.timeout = parse_duration(
+                    DEFAULT_CONCURRENCY_TIMEOUT if timeout is None else timeout
+                )
+            except RateError as exc:
+                raise PolicyError("redislua.E009", f"policy {name!r}: timeout: {exc}") from None
+            self.param = round(self.timeout * 1_000_000)
+            return
+        if limit is not None:
+            raise PolicyError(
+                "redislua.E010", f"policy {name!r}: `limit` is for concurrency policies; use `rate`"
+            )
+        if burst is not None:
+            if algorithm not in BUCKET_ALGORITHMS:
+                raise PolicyError(
+                    "redislua.E007",
+                    f"policy {name!r}: `burst` applies to {', '.join(sorted(BUCKET_ALGORITHMS))}, "
+                    f"not {algorithm}",
+                )
+            self.burst = _positive_int(burst, "redislua.E007", f"policy {name!r}: burst")
+        if rate is None:
+            raise PolicyError("redislua.E006", f"policy {name!r}: `rate` is required, e.g. '10/m'")
+        if isinstance(rate, str) and "/" in rate:
+            try:
+                self._set_rate(parse_rate(rate))
+            except RateError as exc:
+                raise PolicyError("redislua.E006", f"policy {name!r}: {exc}") from None
+        else:
+            self._rate_callable = resolve_callable(rate, "redislua.E006", f"policy {name!r}: rate")
+            self.limit = 0
+            self.param = 0
+
+    def _set_rate(self, rate: Rate) -> None:
+        self.rate = rate
+        if self.algorithm in WINDOW_ALGORITHMS:
+            self.limit = rate.count
+            self.param = rate.period_us
+        else:
+            self.limit = self.burst if self.burst is not None else rate.count
+            # Whole microseconds between requests, rounded up so the rate is never exceeded.
+            self.param = -(-rate.period_us // rate.count)
+
+    def __repr__(self) -> str:
+        what = self.rate or self.rate_spec if self.algorithm != "concurrency" else self.limit
+        return f"<Policy {self.name} {self.algorithm} {what}>"
+
+    @property
+    def is_dynamic(self) -> bool:
+        """True when the rate is a callable resolved per request (see :meth:`with_rate`)."""
+        return self._rate_callable is not None
+
+    def rate_for(self, *args: Any) -> str | None:
+        """Call the rate callable (dynamic policies) or return the fixed rate string."""
+        if self._rate_callable is None:
+            return str(self.rate_spec) if self.algorithm != "concurrency" else None
+        return self._rate_callable(*args)
+
+    def with_rate(self, rate: str) -> Policy:
+        """This policy with a concrete rate (cached per rate string); same name, same keys."""
+        return _derived(self, rate)
+
+    def redis_key(self, identity: str | bytes | int, prefix: str | None = None) -> str:
+        """The key holding this policy's state for ``identity``.
+
+        The identity is the hash tag, so one identity's keys share a cluster slot.
+        """
+        if prefix is None:
+            from django_redislua.conf import settings
+
+            prefix = settings.KEY_PREFIX
+        return f"{prefix}:{self.name}:{self.code}:{{{bound_identity(identity)}}}"
+
+    # -- deciding (one round trip each) -------------------------------------------------------
+    def hit(self, key: str | bytes | int, cost: int | None = None) -> Decision:
+        from django_redislua.limiting.engine import evaluate
+
+        return evaluate([(self, key, cost or self.cost)])[0]
+
+    def peek(self, key: str | bytes | int) -> Decision:
+        from django_redislua.limiting.engine import evaluate
+
+        return evaluate([(self, key, self.cost)], peek=True)[0]
+
+    def reset(self, key: str | bytes | int) -> None:
+        from django_redislua.connection import get_client
+
+        get_client().delete(self.redis_key(key))
+
+    def release(self, key: str | bytes | int, decision: Decision) -> None:
+        """Give back a concurrency slot taken by ``decision``."""
+        from django_redislua.connection import get_client
+
+        if decision.lease is not None:
+            get_client().zrem(self.redis_key(key), decision.lease)
+
+    async def ahit(self, key: str | bytes | int, cost: int | None = None) -> Decision:
+        from django_redislua.limiting.engine import aevaluate
+
+        return (await aevaluate([(self, key, cost or self.cost)]))[0]
+
+    async def apeek(self, key: str | bytes | int) -> Decision:
+        from django_redislua.limiting.engine import aevaluate
+
+        return (await aevaluate([(self, key, self.cost)], peek=True))[0]
+
+    async def areset(self, key: str | bytes | int) -> None:
+        from django_redislua.connection import get_async_client
+
+        await get_async_client().delete(self.redis_key(key))
+
+    async def arelease(self, key: str | bytes | int, decision: Decision) -> None:
+        from django_redislua.connection import get_async_client
+
+        if decision.lease is not None:
+            await get_async_client().zrem(self.redis_key(key), decision.lease)
+
+    def slot(self, key: str | bytes | int) -> AbstractContextManager[Decision]:
+        """``with policy.slot(key):`` holds a concurrency slot; raises RateLimited if none is free."""
+        from django_redislua.limiting.engine import slot
+
+        return slot(self, key)
+
+    def aslot(self, key: str | bytes | int) -> AbstractAsyncContextManager[Decision]:
+        from django_redislua.limiting.engine import aslot
+
+        return aslot(self, key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _derived(policy: Policy, rate: str) -> Policy:
+    derived = Policy.__new__(Policy)
+    derived.__dict__.update(policy.__dict__)
+    derived._rate_callable = None
+    derived.rate_spec = rate
+    try:
+        derived._set_rate(parse_rate(rate))
+    except RateError as exc:
+        raise PolicyError("redislua.E006", f"policy {policy.name!r}: {exc}") from None
+    return derived
+
+
+def _methods(name: str, methods: Sequence[str] | str | None) -> frozenset[str] | None:
+    if methods is None:
+        return None
+    if isinstance(methods, str):
+        methods = [methods]
+    try:
+        result = frozenset(m.upper() for m in methods)
+    except (TypeError, AttributeError):
+        raise PolicyError(
+            "redislua.E011", f"policy {name!r}: methods must be a list of HTTP method names"
+        ) from None
+    if not result or not all(m.isalpha() for m in result):
+        raise PolicyError("redislua.E011", f"policy {name!r}: methods {sorted(result)!r} are not HTTP methods")
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What Redis decided for one policy and one identity."""
+
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_after: float
+    retry_after: float
+    policy: Policy
+    key: str | bytes | int = ""
+    lease: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.allowed
+
+
+class RateLimited(Exception):
+    """Raised when a request is denied; carries every Decision made for it."""
+
+    def __init__(self, decisions: Sequence[Decision]) -> None:
+        self.decisions = list(decisions)
+        denied = [d for d in self.decisions if not d.allowed]
+        names = ", ".join(d.policy.name for d in denied) or "?"
+        super().__init__(f"rate limited by {names}; retry after {self.retry_after:.3f}s")
+
+    @property
+    def retry_after(self) -> float:
+        return max((d.retry_after for d in self.decisions if not d.allowed), default=0.0)

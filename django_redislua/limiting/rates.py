@@ -1,0 +1,88 @@
+"""Rates (``"5/m"``, ``"100/10s"``, ``"1000/day"``) and durations (``30``, ``"500ms"``, ``"10m"``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+UNIT_SECONDS = {
+    "ms": 0.001,
+    "s": 1, "sec": 1, "second": 1, "seconds": 1,
+    "m": 60, "min": 60, "minute": 60, "minutes": 60,
+    "h": 3600, "hour": 3600, "hours": 3600,
+    "d": 86400, "day": 86400, "days": 86400,
+}
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+# Rates are given per unit; DRF's throttle strings only read the unit's first letter, so
+# "5/minute" and "5/m" mean the same. "ms" is a duration unit, not a rate unit.
+RATE_UNITS = {k: v for k, v in UNIT_SECONDS.items() if k != "ms"}
+
+
+class RateError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Rate:
+    """``count`` requests per ``period_us`` microseconds."""
+
+    count: int
+    period_us: int
+
+    @property
+    def period(self) -> float:
+        return self.period_us / 1_000_000
+
+    def __str__(self) -> str:
+        return f"{self.count}/{format_duration(self.period)}"
+
+
+def parse_rate(value: str) -> Rate:
+    """Parse ``"N/unit"`` or ``"N/Munit"`` (unit: s, m, h, d or sec/min/hour/day...)."""
+    if not isinstance(value, str):
+        raise RateError(f"a rate must be a string like '10/m', not {value!r}")
+    match = _RATE.match(value)
+    if not match:
+        raise RateError(f"{value!r} is not a rate: write 'N/unit' or 'N/Munit', e.g. '5/m', '100/10s'")
+    count_text, multiplier_text, unit = match.groups()
+    unit = unit.lower()
+    if unit not in RATE_UNITS:
+        raise RateError(f"{value!r}: unknown time unit {unit!r} (use s, m, h or d)")
+    multiplier = float(multiplier_text) if multiplier_text else 1.0
+    count = int(count_text)
+    period_us = round(multiplier * RATE_UNITS[unit] * 1_000_000)
+    if count <= 0:
+        raise RateError(f"{value!r}: the count must be at least 1 (use rate=None for no limit)")
+    if period_us <= 0:
+        raise RateError(f"{value!r}: the period must be longer than zero")
+    return Rate(count, period_us)
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number or a string such as ``"500ms"``, ``"30s"``, ``"10m"``, ``"1h"``, ``"1d"``."""
+    if isinstance(value, bool):
+        raise RateError(f"{value!r} is not a duration")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.match(value)
+        if not match:
+            raise RateError(f"{value!r} is not a duration: write seconds or e.g. '500ms', '10m', '1h'")
+        number, unit = match.groups()
+        unit = unit.lower() or "s"
+        if unit not in UNIT_SECONDS:
+            raise RateError(f"{value!r}: unknown time unit {unit!r} (use ms, s, m, h or d)")
+        seconds = float(number) * UNIT_SECONDS[unit]
+    else:
+        raise RateError(f"{value!r} is not a duration")
+    if seconds <= 0:
+        raise RateError(f"{value!r}: a duration must be longer than zero")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}" if seconds != size else unit
+    return f"{round(seconds * 1000)}ms"

