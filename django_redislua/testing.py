@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -217,3 +218,70 @@ def running_server() -> Iterator[str]:
         return
     with RedisServer() as server:
         yield server.url
+
+
+class CommandRecorder:
+    """Records the commands a server receives, with ``MONITOR``, while the block runs.
+
+    ``commands`` holds what clients sent (e.g. ``["EVALSHA"]``); ``script_commands`` what scripts
+    issued (MONITOR marks those ``lua``). Use it to prove round-trip counts in tests::
+
+        with CommandRecorder(client) as rec:
+            policy.hit("k")
+        assert rec.commands == ["EVALSHA"]
+    """
+
+    _STOP = "redislua-recorder-stop"
+
+    def __init__(self, client: redis.Redis) -> None:
+        given = client.connection_pool.connection_kwargs
+        kwargs = {k: given[k] for k in ("host", "port", "path", "db", "username", "password")
+                  if k in given}
+        if "path" in kwargs:
+            kwargs["unix_socket_path"] = kwargs.pop("path")
+        self._client = redis.Redis(**kwargs)
+        self._control = redis.Redis(**kwargs)
+        self.entries: list[dict[str, object]] = []
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+
+    def _run(self) -> None:
+        with self._client.monitor() as monitor:
+            self._ready.set()
+            while True:
+                entry = monitor.next_command()
+                if entry.get("command") == f"ECHO {self._STOP}":
+                    return
+                self.entries.append(entry)
+
+    def __enter__(self) -> CommandRecorder:
+        self._control.ping()  # connect now, so its handshake is not recorded
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._ready.wait(5)
+        time.sleep(0.05)  # MONITOR is registered once the server has answered OK
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._control.echo(self._STOP)
+        if self._thread is not None:
+            self._thread.join(5)
+        self._client.close()
+        self._control.close()
+
+    @property
+    def commands(self) -> list[str]:
+        """Command names sent by clients (not by scripts), upper-cased."""
+        return [
+            str(e["command"]).split(" ", 1)[0].upper()
+            for e in self.entries
+            if e.get("client_type") != "lua"
+        ]
+
+    @property
+    def script_commands(self) -> list[str]:
+        return [
+            str(e["command"]).split(" ", 1)[0].upper()
+            for e in self.entries
+            if e.get("client_type") == "lua"
+        ]

@@ -1,3 +1,6 @@
+"""Fixtures: a real Redis server (REDIS_URL, else one started by tests/settings.py), flushed
+before every test; a MONITOR command recorder; a real 6-node cluster for cluster tests."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -6,22 +9,34 @@ import pytest
 import redis
 
 from django_redislua.connection import get_client
-from django_redislua.scripts import registry
+from django_redislua.testing import CommandRecorder, RedisClusterServers
 
 
-@pytest.fixture
-def r() -> Iterator[redis.Redis]:
-    """The app's own sync client, on a flushed server (scripts flushed too)."""
+@pytest.fixture(autouse=True)
+def _flush_redis() -> Iterator[None]:
     client = get_client()
     assert isinstance(client, redis.Redis)
     client.flushall()
     client.script_flush()
-    yield client
-
-
-@pytest.fixture(autouse=True)
-def _flush_redis(settings: object) -> Iterator[None]:
-    client = get_client()
-    client.flushall()
     yield
-    registry.clear() if False else None
+
+
+@pytest.fixture
+def r() -> redis.Redis:
+    """The app's own sync client (flushed by the autouse fixture)."""
+    client = get_client()
+    assert isinstance(client, redis.Redis)
+    return client
+
+
+@pytest.fixture
+def recorder(r: redis.Redis) -> CommandRecorder:
+    """``with recorder: ...`` then ``recorder.commands`` lists what clients sent."""
+    return CommandRecorder(r)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """A real Redis Cluster: 3 primaries, 3 replicas, on loopback."""
+    with RedisClusterServers(primaries=3, replicas=1) as cluster:
+        yield cluster

