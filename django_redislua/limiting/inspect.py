@@ -1,0 +1,317 @@
+"""Live inspection of rate-limit keys, scripts and servers: what the admin shows. No requests.
+
+Keys are found with ``SCAN`` (never ``KEYS``), node by node on a cluster, with a bounded amount
+of work per page: at most ``max_calls`` SCAN calls, so a page answers quickly however many keys
+the server holds, and hands back a cursor to continue from. Each key's state is read through the
+engine's own ``peek`` (which writes nothing), plus its TTL, its raw fields as stored, and a
+sampled ``MEMORY USAGE``: two pipelined round trips per node per page.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
+
+from django_redislua.conf import settings
+from django_redislua.connection import get_client, primary_nodes
+from django_redislua.limiting.identity import bound_identity
+from django_redislua.limiting.policy import ALGORITHMS, Policy, PolicyError
+from django_redislua.limiting.registry import get_policy
+from django_redislua.scripts import Script, get_script, registry
+
+ALGORITHM_NAMES = {code: name for name, code in ALGORITHMS.items()}
+PAGE_SIZE = 50
+MAX_SCAN_CALLS = 20
+MAX_SCAN_COUNT = 1000
+US = 1_000_000
+# Integers this large in a key's fields are instants on the server clock, in microseconds.
+_INSTANT_US = (10**15, 10**17)
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """One live rate-limit key and what the engine says about it."""
+
+    key: str
+    node: str
+    policy_name: str
+    algorithm: str
+    identity: str
+    policy: Policy | None  # the configured policy, if the key still matches one
+    remaining: int | None  # None when there is no configured policy to peek with
+    limit: int | None
+    reset_after: float | None  # seconds until the state is full again
+    ttl: float | None  # seconds; None when the key has no expiry
+    fields: list[tuple[str, str]]  # the algorithm's own state, as stored
+    instants: dict[str, float]  # field name -> seconds from now (negative: in the past)
+    memory: int | None  # bytes, MEMORY USAGE (sampled)
+
+
+@dataclass(frozen=True)
+class KeyPage:
+    keys: list[KeyState]
+    cursor: str  # pass back to continue; "" when the scan has covered every node
+    scan_calls: int
+    pattern: str
+    memory: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "memory", sum(k.memory or 0 for k in self.keys))
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    name: str
+    version: str
+    used_memory: int
+    dbsize: int
+    scripts: dict[str, bool]  # script name -> loaded in this node's script cache
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _key_pattern() -> re.Pattern[str]:
+    codes = "|".join(ALGORITHM_NAMES)
+    return re.compile(
+        rf"^{re.escape(settings.KEY_PREFIX)}:(?P<name>.+):(?P<code>{codes}):\{{(?P<identity>[^{{}}]*)\}}$"
+    )
+
+
+def parse_key(key: str) -> tuple[str, str, str] | None:
+    """``(policy name, algorithm code, identity)`` of a rate-limit key, or None if it is not one."""
+    match = _key_pattern().match(key)
+    return None if match is None else (match["name"], match["code"], match["identity"])
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([\\*?\[\]])", r"\\\1", text)
+
+
+def match_pattern(search: str = "", policy: str | None = None) -> str:
+    """The SCAN MATCH glob for a search (a substring of the key or identity) and a policy."""
+    prefix = glob_escape(settings.KEY_PREFIX)
+    scope = f"{prefix}:{glob_escape(policy)}:" if policy else f"{prefix}:"
+    if not search:
+        return scope + "*" if policy else scope + "*:??:{*}"
+    identity = bound_identity(search)
+    if identity != search:
+        # Never stored as typed: look for the digest the engine stores instead.
+        return f"{scope}*{{{glob_escape(identity)}}}"
+    return f"{scope}*{glob_escape(search)}*"
+
+
+def _decode_cursor(cursor: str) -> tuple[int, int]:
+    if not cursor:
+        return 0, 0
+    node, _, position = cursor.partition("-")
+    try:
+        result = int(node), int(position)
+    except ValueError:
+        raise ValueError(f"bad cursor {cursor!r}") from None
+    if min(result) < 0:
+        raise ValueError(f"bad cursor {cursor!r}")
+    return result
+
+
+def _configured(name: str, code: str) -> Policy | None:
+    """The configured policy ``name`` if it still uses this algorithm and can be peeked."""
+    if name not in settings.POLICIES:
+        return None
+    try:
+        policy = get_policy(name)
+    except PolicyError:
+        return None
+    if policy.code != code or policy.is_dynamic:
+        return None
+    return policy
+
+
+def _node_of(key: str, nodes: Sequence[tuple[str, redis.Redis]]) -> int:
+    client = get_client()
+    if isinstance(client, RedisCluster):
+        name = client.get_node_from_key(key).name  # type: ignore[no-untyped-call]
+        return next((i for i, (n, _) in enumerate(nodes) if n == name), 0)
+    return 0
+
+
+def scan_keys(
+    cursor: str = "", *, search: str = "", policy: str | None = None,
+    page_size: int = PAGE_SIZE, max_calls: int = MAX_SCAN_CALLS,
+) -> KeyPage:
+    """One page of live rate-limit keys, from ``cursor`` ("" = the start).
+
+    At most ``max_calls`` SCAN calls are made; the page may hold fewer than ``page_size`` keys
+    (or a few more: SCAN's COUNT is a hint) and still have a cursor to continue from. A search
+    that is a whole key of ours is looked up directly, without scanning.
+    """
+    nodes = primary_nodes()
+    if search and parse_key(search) is not None and not cursor:
+        index = _node_of(search, nodes)
+        return KeyPage(_states(nodes[index], [search]), "", 0, search)
+    pattern = match_pattern(search, policy)
+    index, position = _decode_cursor(cursor)
+    found: dict[tuple[int, str], None] = {}
+    calls = 0
+    count = page_size
+    while index < len(nodes) and calls < max_calls and len(found) < page_size:
+        position, keys = nodes[index][1].scan(position, match=pattern, count=count)
+        calls += 1
+        found.update(((index, _text(k)), None) for k in keys)
+        if position == 0:
+            index += 1
+        count = min(count * 2, MAX_SCAN_COUNT)
+    by_node: dict[int, list[str]] = {}
+    for node_index, key in found:
+        if parse_key(key) is not None:  # MATCH is a glob; the key's shape is checked here
+            by_node.setdefault(node_index, []).append(key)
+    states: list[KeyState] = []
+    for node_index, node_keys in by_node.items():
+        states += _states(nodes[node_index], node_keys)
+    states.sort(key=lambda s: (s.policy_name, s.identity))
+    next_cursor = "" if index >= len(nodes) else f"{index}-{position}"
+    return KeyPage(states, next_cursor, calls, pattern)
+
+
+def _peek_args(policy: Policy) -> list[Any]:
+    return ["peek", "", policy.code, policy.limit, policy.param, 1, ""]
+
+
+def _first_pass(client: redis.Redis, keys: Sequence[str], script: Script,
+                policies: Sequence[Policy | None]) -> list[Any]:
+    """TIME, then TYPE, PTTL, MEMORY USAGE and (when possible) a peek for every key.
+
+    A peek that fails (the key holds another algorithm's state) comes back as its exception.
+    """
+    for attempt in range(2):
+        pipe = client.pipeline(transaction=False)
+        pipe.time()
+        for key, policy in zip(keys, policies, strict=True):
+            pipe.type(key)
+            pipe.pttl(key)
+            pipe.memory_usage(key)
+            if policy is not None:
+                pipe.evalsha(script.sha, 1, key, *_peek_args(policy))
+        replies = pipe.execute(raise_on_error=False)
+        if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
+            client.script_load(script.source)
+            continue
+        break
+    return replies
+
+
+def _states(node: tuple[str, redis.Redis], keys: Sequence[str]) -> list[KeyState]:
+    name, client = node
+    script = get_script("django_redislua.ratelimit")
+    parsed = [p for p in map(parse_key, keys) if p is not None]
+    if len(parsed) != len(keys):
+        raise ValueError("only rate-limit keys of this app can be inspected")
+    policies = [_configured(name, code) for name, code, _identity in parsed]
+    replies = iter(_first_pass(client, keys, script, policies))
+    seconds, micros = _checked(next(replies))
+    now_us = int(seconds) * US + int(micros)
+    first = []
+    for policy in policies:
+        kind = _text(_checked(next(replies)))
+        pttl, memory = int(_checked(next(replies))), _checked(next(replies))
+        peeked = next(replies) if policy is not None else None
+        first.append((kind, pttl, memory, None if isinstance(peeked, Exception) else peeked))
+
+    pipe = client.pipeline(transaction=False)
+    for key, (kind, *_rest) in zip(keys, first, strict=True):
+        if kind == "hash":
+            pipe.hgetall(key)
+        elif kind == "string":
+            pipe.get(key)
+        elif kind == "zset":
+            pipe.zcard(key)
+            pipe.zrange(key, 0, 0, withscores=True)
+            pipe.zrange(key, -1, -1, withscores=True)
+    raw = iter(pipe.execute())
+
+    states = []
+    rows = zip(keys, parsed, policies, first, strict=True)
+    for key, parts, policy, (kind, pttl, memory, peeked) in rows:
+        fields = _fields(kind, raw)
+        if kind == "none":
+            continue  # expired since SCAN saw it
+        policy_name, code, identity = parts
+        instants = {
+            f: (int(v) - now_us) / US for f, v in fields
+            if v.isdigit() and _INSTANT_US[0] < int(v) < _INSTANT_US[1]
+        }
+        states.append(KeyState(
+            key=key, node=name, policy_name=policy_name, algorithm=ALGORITHM_NAMES[code],
+            identity=identity, policy=policy,
+            remaining=int(peeked[1]) if peeked else None,
+            limit=policy.limit if policy else None,
+            reset_after=int(peeked[2]) / US if peeked else None,
+            ttl=pttl / 1000 if pttl >= 0 else None,
+            fields=fields, instants=instants,
+            memory=int(memory) if memory is not None else None,
+        ))
+    return states
+
+
+def _checked(reply: Any) -> Any:
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def _fields(kind: str, raw: Any) -> list[tuple[str, str]]:
+    """Consume this key's replies from the second pipeline; its state as (name, value) pairs."""
+    if kind == "hash":
+        return sorted((_text(k), _text(v)) for k, v in next(raw).items())
+    if kind == "string":
+        value = next(raw)
+        return [("value", _text(value))] if value is not None else []
+    if kind == "zset":
+        size, oldest, newest = next(raw), next(raw), next(raw)
+        result = [("entries", str(size))]
+        if oldest:
+            result.append(("oldest", f"{oldest[0][1]:.0f}"))
+        if newest and size > 1:
+            result.append(("newest", f"{newest[0][1]:.0f}"))
+        return result
+    return []
+
+
+def reset_key(key: str) -> bool:
+    """Delete one rate-limit key (one ``DEL``, atomic). False if it was already gone.
+
+    Only keys of this app's rate-limit shape are accepted, so the admin cannot delete others.
+    """
+    if parse_key(key) is None:
+        raise ValueError(f"{key!r} is not a rate-limit key of this app")
+    return bool(get_client().delete(key))
+
+
+def server_status() -> list[NodeStatus]:
+    """Version, memory, key count and script-cache state of every primary: one pipeline each."""
+    scripts = registry.all()
+    result = []
+    for name, client in primary_nodes():
+        pipe = client.pipeline(transaction=False)
+        pipe.info("server")
+        pipe.info("memory")
+        pipe.dbsize()
+        if scripts:
+            pipe.script_exists(*(s.sha for s in scripts.values()))
+        replies = pipe.execute()
+        loaded = replies[3] if scripts else []
+        result.append(NodeStatus(
+            name=name,
+            version=str(replies[0].get("redis_version", "?")),
+            used_memory=int(replies[1].get("used_memory", 0)),
+            dbsize=int(replies[2]),
+            scripts={s: bool(ok) for s, ok in zip(scripts, loaded, strict=True)},
+        ))
+    return result
