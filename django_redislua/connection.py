@@ -231,3 +231,10 @@ def primary_nodes(client: SyncClient | None = None) -> list[tuple[str, redis.Red
     else:
         name = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
     return [(name, client)]
+
+
+async def aclose_client() -> None:
+    """Close and forget the running loop's asyncio client (call before the loop ends)."""
+    client = _async_clients.pop(asyncio.get_running_loop(), None)
+    if client is not None:
+        await client.aclose()

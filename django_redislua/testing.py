@@ -52,6 +52,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    import random
+
+    for _ in range(200):
+        port = random.randint(20000, 45000)
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     # Linux only: the server gets SIGTERM if the Python process that started it dies, even by
     # SIGKILL, so a killed test run leaves no orphan servers behind.
@@ -85,17 +101,18 @@ class RedisServer:
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--dir", self.workdir,
             "--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning",
-            *self.extra_args,
+            "--logfile", "server.log", *self.extra_args,
         ]
         self.process = subprocess.Popen(  # noqa: S603
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
         )
         deadline = time.monotonic() + timeout
         probe = self.client(socket_timeout=1, socket_connect_timeout=1)
         while True:
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                log = Path(self.workdir, "server.log")
+                err = log.read_text(errors="replace")[-2000:] if log.exists() else ""
                 raise RuntimeError(f"{self.binary} exited with {self.process.returncode}: {err}")
             try:
                 probe.ping()
@@ -118,8 +135,6 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if process is not None and process.stderr:
-            process.stderr.close()
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -146,7 +161,7 @@ class RedisClusterServers:
     def start(self, timeout: float = 30.0) -> RedisClusterServers:
         total = self.primaries * (1 + self.replicas)
         for index in range(total):
-            server = RedisServer(extra_args=(
+            server = RedisServer(port=free_cluster_port(), extra_args=(
                 "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{index}.conf",
                 "--cluster-node-timeout", "2000",
             ))

@@ -1,5 +1,5 @@
 """Fixtures: a real Redis server (REDIS_URL, else one started by tests/settings.py), flushed
-before every test; a MONITOR command recorder; a real 6-node cluster for cluster tests."""
+(keys, scripts, functions) before every test; a MONITOR command recorder; a real 6-node cluster for cluster tests."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from django_redislua.connection import get_client
+from django_redislua.connection import aclose_client, get_client
 from django_redislua.testing import CommandRecorder, RedisClusterServers
 
 
@@ -18,7 +18,15 @@ def _flush_redis() -> Iterator[None]:
     assert isinstance(client, redis.Redis)
     client.flushall()
     client.script_flush()
+    client.function_flush()
     yield
+
+
+@pytest.fixture(autouse=True)
+async def _close_async_client() -> object:
+    """Async tests share their loop's client; close it before the loop goes away."""
+    yield
+    await aclose_client()
 
 
 @pytest.fixture

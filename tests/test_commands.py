@@ -1,0 +1,107 @@
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+
+from django_redislua import get_policy
+from django_redislua.scripts import registry
+
+
+def run(*args):
+    out = StringIO()
+    call_command(*args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+def test_preload_then_check_passes(r):
+    out = run("redislua_preload")
+    for name, script in registry.all().items():
+        assert name in out and script.sha in out
+    assert "loaded" in out
+    assert "present" in run("redislua_preload", "--check")
+    assert "already loaded" in run("redislua_preload")
+
+
+def test_check_after_script_flush_fails_and_names_missing(r):
+    run("redislua_preload")
+    r.script_flush()
+    with pytest.raises(CommandError, match="missing: .*django_redislua.ratelimit") as info:
+        run("redislua_preload", "--check")
+    assert info.value.returncode == 1
+
+
+def test_functions_load_and_check(r):
+    with pytest.raises(CommandError, match="missing"):
+        run("redislua_preload", "--functions", "--check")
+    out = run("redislua_preload", "--functions")
+    lib_name, _ = registry.library()
+    assert lib_name in out and "loaded" in out
+    assert "present" in run("redislua_preload", "--functions", "--check")
+
+
+def test_functions_on_an_old_server_say_so(monkeypatch):
+    monkeypatch.setattr("django_redislua.functions.server_version", lambda client: (6, 2, 14))
+    with pytest.raises(CommandError, match=r"Redis 6\.2\.14; Functions need Redis 7\.0"):
+        run("redislua_preload", "--functions")
+
+
+def test_preload_check_exit_code_from_the_shell(r, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "django", "redislua_preload"]
+    assert subprocess.run(cmd, env=env, cwd=root, capture_output=True).returncode == 0
+    assert subprocess.run([*cmd, "--check"], env=env, cwd=root, capture_output=True).returncode == 0
+    r.script_flush()
+    result = subprocess.run([*cmd, "--check"], env=env, cwd=root, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "django_redislua.ratelimit" in result.stderr
+
+
+def test_status_shows_server_policies_scripts_and_keys(r):
+    get_policy("api").hit("u1")
+    out = run("redislua_status")
+    assert "Redis " in out and "api: gcra 100/m" in out
+    assert "export: concurrency 2 slots" in out
+    assert "django_redislua.ratelimit" in out and "present" in out
+    assert "1 keys under rl:*" in out
+
+
+def test_status_when_redis_is_down():
+    with override_settings(REDISLUA={"CONNECTION": "redis://127.0.0.1:1/0"}), pytest.raises(
+        CommandError, match="unreachable"
+    ):
+        run("redislua_status")
+
+
+def test_reset_forgets_one_identity(r):
+    policy = get_policy("login")
+    for _ in range(5):
+        policy.hit("1.2.3.4")
+    assert not policy.hit("1.2.3.4").allowed
+    out = run("redislua_reset", "login", "1.2.3.4")
+    assert policy.redis_key("1.2.3.4") in out
+    assert policy.hit("1.2.3.4").allowed
+
+
+def test_reset_unknown_policy():
+    with pytest.raises(CommandError, match="no REDISLUA policy named 'nope'"):
+        run("redislua_reset", "nope", "x")
+
+
+@pytest.mark.cluster
+def test_preload_loads_every_primary_of_a_cluster(redis_cluster):
+    with override_settings(REDISLUA={"CONNECTION": redis_cluster.url}):
+        out = run("redislua_preload")
+        assert len({line.split()[0] for line in out.splitlines()}) == 3
+        assert "present" in run("redislua_preload", "--check")
+        for server in redis_cluster.servers[:3]:
+            server.client().script_flush()
+        with pytest.raises(CommandError, match="missing"):
+            run("redislua_preload", "--check")

@@ -1,0 +1,129 @@
+import asyncio
+
+import pytest
+import redis
+import redis.cluster
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_redislua.connection import (
+    aclose_client,
+    get_async_client,
+    get_client,
+    parse_url,
+    primary_nodes,
+    resolve_endpoint,
+)
+
+
+def test_url_connection(settings):
+    client = get_client()
+    assert client.ping()
+    kwargs = client.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == 0.5 and kwargs["socket_connect_timeout"] == 0.5
+
+
+def test_django_cache_alias_pool_is_reused_when_it_has_a_timeout(settings):
+    url = settings.REDIS_URL
+    caches = {
+        **settings.CACHES,
+        "timed": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": url,
+            "OPTIONS": {"socket_timeout": 2},
+        },
+    }
+    with override_settings(CACHES=caches, REDISLUA={"CONNECTION": "timed"}):
+        from django.core.cache import caches as django_caches
+
+        ours = get_client()
+        theirs = django_caches["timed"]._cache.get_client(write=True)
+        assert ours.connection_pool is theirs.connection_pool
+        assert ours.ping()
+
+
+@pytest.mark.parametrize("alias", ["default", "django_redis"])
+def test_cache_alias_without_timeout_gets_a_sibling_pool_with_ours(alias):
+    with override_settings(REDISLUA={"CONNECTION": alias, "SOCKET_TIMEOUT": 0.25}):
+        endpoint = resolve_endpoint()
+        assert endpoint.cache_alias == alias
+        client = get_client()
+        assert client.ping()
+        assert client.connection_pool.connection_kwargs["socket_timeout"] == 0.25
+
+
+def test_non_redis_cache_is_refused():
+    with override_settings(REDISLUA={"CONNECTION": "locmem"}), pytest.raises(
+        ImproperlyConfigured, match="not a Redis backend"
+    ):
+        get_client()
+
+
+def test_settings_change_rebuilds_the_client():
+    first = get_client()
+    with override_settings(REDISLUA={"CONNECTION": "default"}):
+        assert get_client() is not first
+
+
+def test_connection_options_are_passed(settings):
+    with override_settings(REDISLUA={"CONNECTION": settings.REDIS_URL,
+                                     "CONNECTION_OPTIONS": {"client_name": "redislua-test"}}):
+        client = get_client()
+        assert client.client_getname() == "redislua-test"
+
+
+async def test_async_client_per_loop():
+    client = get_async_client()
+    assert await client.ping()
+    assert get_async_client() is client
+
+
+def test_async_clients_differ_between_loops():
+    async def grab():
+        client = get_async_client()
+        await client.ping()
+        await aclose_client()
+        return client
+
+    a = asyncio.run(grab())
+    b = asyncio.run(grab())
+    assert a is not b
+
+
+@pytest.mark.parametrize(
+    ("url", "kind"),
+    [
+        ("redis://127.0.0.1:6379/0", "single"),
+        ("rediss://127.0.0.1:6380/1", "single"),
+        ("unix:///tmp/redis.sock", "single"),
+        ("redis+cluster://127.0.0.1:7000", "cluster"),
+        ("redis+sentinel://127.0.0.1:26379,127.0.0.2:26380/mymaster/2", "sentinel"),
+    ],
+)
+def test_parse_url(url, kind):
+    endpoint = parse_url(url)
+    assert endpoint.kind == kind
+    if kind == "sentinel":
+        assert endpoint.sentinels == (("127.0.0.1", 26379), ("127.0.0.2", 26380))
+        assert endpoint.service_name == "mymaster" and endpoint.options["db"] == 2
+    if kind == "cluster":
+        assert endpoint.url == "redis://127.0.0.1:7000"
+
+
+@pytest.mark.parametrize("url", ["http://x", "redis://", "redis+sentinel://h:1", "memcached://h"])
+def test_parse_url_refuses(url):
+    with pytest.raises(ImproperlyConfigured):
+        parse_url(url)
+
+
+def test_primary_nodes_single(settings):
+    nodes = primary_nodes()
+    assert len(nodes) == 1 and isinstance(nodes[0][1], redis.Redis)
+
+
+@pytest.mark.cluster
+def test_cluster_url_gives_a_cluster_client_and_every_primary(redis_cluster):
+    with override_settings(REDISLUA={"CONNECTION": redis_cluster.url}):
+        client = get_client()
+        assert isinstance(client, redis.cluster.RedisCluster)
+        assert len(primary_nodes()) == 3
