@@ -1,0 +1,211 @@
+"""Property tests: random sequences through the Lua engine on real Redis and through the
+pure-Python reference models (tests/reference_models.py) must agree on every Decision field.
+
+Time is injected (``evaluate(..., now_us=...)``), so no test sleeps. Keys written by the engine
+expire in *real* time, which injected time does not follow; so each script call runs inside
+MULTI/EXEC together with PTTL (checked against the TTL the model says the state needs) and
+PERSIST, which keeps the state for the next injected step. The Lua must then behave on state
+older than its TTL exactly as on a missing key, which the models assume.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_redislua.connection import get_client
+from django_redislua.limiting import Decision, Policy, evaluate
+from tests import reference_models as ref
+
+BASE_US = 1_700_000_000_000_000
+ALGORITHMS = list(ref.MODELS)
+PERIODS_S = (1, 7, 60)
+# REDISLUA_PROPERTY_EXAMPLES=500 for a deeper hunt than the quick default.
+PROPERTY_SETTINGS = settings(
+    max_examples=int(os.environ.get("REDISLUA_PROPERTY_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+class TransactionalClient:
+    """Stands in as ``client=`` for evaluate: each EVALSHA runs in MULTI/EXEC with PTTL and PERSIST
+    of its keys, so the TTLs it set are observed and real time cannot expire injected-time state."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.pttls: dict[str, int] = {}
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        keys = keys_and_args[:numkeys]
+        pipe = self.client.pipeline(transaction=True)
+        pipe.evalsha(sha, numkeys, *keys_and_args)
+        for key in keys:
+            pipe.pttl(key)
+            pipe.persist(key)
+        replies = pipe.execute(raise_on_error=False)
+        if isinstance(replies[0], Exception):
+            raise replies[0]
+        self.pttls = {key: replies[1 + 2 * i] for i, key in enumerate(keys)}
+        return replies[0]
+
+    def script_load(self, source: str) -> Any:
+        return self.client.script_load(source)
+
+
+def make_policy(name: str, algorithm: str, count: int, period_s: int, burst: int | None) -> Policy:
+    if algorithm == "concurrency":
+        return Policy(name, algorithm=algorithm, limit=count, timeout=period_s)
+    if algorithm in ("token_bucket", "leaky_bucket", "gcra"):
+        return Policy(name, rate=f"{count}/{period_s}s", algorithm=algorithm, burst=burst)
+    return Policy(name, rate=f"{count}/{period_s}s", algorithm=algorithm)
+
+
+@st.composite
+def policies(draw: st.DrawFn, name: str, algorithm: str) -> Policy:
+    count = draw(st.integers(1, 6))
+    burst = draw(st.none() | st.integers(1, 6))
+    return make_policy(name, algorithm, count, draw(st.sampled_from(PERIODS_S)), burst)
+
+
+def steps(period_us: int) -> st.SearchStrategy[int]:
+    return st.one_of(
+        st.just(0),
+        st.integers(1, 2_000),
+        st.integers(0, period_us),
+        st.integers(period_us, 3 * period_us),
+    )
+
+
+def snapshot(client: redis.Redis, keys: Sequence[str]) -> list[tuple[Any, int]]:
+    return [(client.dump(key), client.pttl(key)) for key in keys]
+
+
+def model_for(policy: Policy) -> ref.Model:
+    return ref.MODELS[policy.algorithm](policy.limit, policy.param)
+
+
+def assert_agree(decision: Decision, outcome: ref.Outcome, policy: Policy) -> None:
+    assert (decision.allowed, decision.remaining, decision.reset_after, decision.retry_after) == (
+        outcome.allowed,
+        outcome.remaining,
+        outcome.reset_after_us / 1e6,
+        outcome.retry_after_us / 1e6,
+    )
+    assert decision.limit == policy.limit
+    assert decision.policy is policy
+    assert decision.remaining >= 0
+    if decision.allowed:
+        assert decision.retry_after == 0.0
+    else:
+        assert decision.retry_after > 0.0
+
+
+def expected_pttl_ms(ttl_us: int) -> int:
+    return max(1, math.ceil(ttl_us / 1000))
+
+
+def run_step(
+    client: redis.Redis,
+    tx: TransactionalClient,
+    checks: list[tuple[Policy, ref.Model, str, int]],
+    now: int,
+    peek: bool,
+) -> list[Decision]:
+    """One evaluate through Redis and the models; asserts agreement, TTLs and no-write rules."""
+    keys = [policy.redis_key(identity) for policy, _m, identity, _c in checks]
+    before = snapshot(client, keys)
+    decisions = evaluate(
+        [(policy, identity, cost) for policy, _m, identity, cost in checks],
+        peek=peek, now_us=now, client=tx,  # type: ignore[arg-type]
+    )
+    outcomes, ttls = ref.evaluate(
+        [(model, key, cost, d.lease or "")
+         for (_p, model, _i, cost), key, d in zip(checks, keys, decisions)],
+        now,
+        peek=peek,
+    )
+    for (policy, *_rest), decision, outcome in zip(checks, decisions, outcomes):
+        assert_agree(decision, outcome, policy)
+    committed = ttls[0] is not None
+    assert committed == (not peek and all(d.allowed for d in decisions))
+    if committed:
+        for key, ttl_us in zip(keys, ttls):
+            assert ttl_us is not None
+            # PTTL is read in the same transaction; allow a few ms of server time passing.
+            assert expected_pttl_ms(ttl_us) - 5 <= tx.pttls[key] <= expected_pttl_ms(ttl_us)
+    else:
+        # peek, or denied by some policy: nothing written anywhere, TTLs untouched.
+        assert snapshot(client, keys) == before
+    return decisions
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@PROPERTY_SETTINGS
+@given(data=st.data())
+def test_single_policy_matches_model(algorithm: str, data: st.DataObject) -> None:
+    client = get_client()
+    assert isinstance(client, redis.Redis)
+    client.flushall()
+    tx = TransactionalClient(client)
+    policy = data.draw(policies("prop", algorithm))
+    model = model_for(policy)
+    period_us = policy.param if algorithm == "concurrency" else policy.rate.period_us  # type: ignore[union-attr]
+    now = BASE_US + data.draw(st.integers(0, period_us))
+    cost_max = 1 if algorithm == "concurrency" else policy.limit
+    held: list[tuple[str, Decision]] = []
+    for _ in range(data.draw(st.integers(1, 20))):
+        now += data.draw(steps(period_us))
+        identity = data.draw(st.sampled_from(["alice", "bob"]))
+        action = data.draw(st.sampled_from(["hit", "hit", "peek", "release"]))
+        if action == "release":
+            if algorithm == "concurrency" and held:
+                released_identity, decision = held.pop(data.draw(st.integers(0, len(held) - 1)))
+                policy.release(released_identity, decision)
+                assert isinstance(model, ref.Concurrency)
+                model.release(policy.redis_key(released_identity), decision.lease or "")
+            continue
+        cost = data.draw(st.integers(1, cost_max))
+        [decision] = run_step(client, tx, [(policy, model, identity, cost)], now, action == "peek")
+        if decision.lease is not None:
+            held.append((identity, decision))
+        if not decision.allowed:
+            # A lone caller's retry_after is the true wait: it succeeds then, not a microsecond sooner.
+            retry_us = round(decision.retry_after * 1e6)
+            [later] = run_step(client, tx, [(policy, model, identity, cost)], now + retry_us, True)
+            assert later.allowed
+            [sooner] = run_step(client, tx, [(policy, model, identity, cost)], now + retry_us - 1, True)
+            assert not sooner.allowed
+
+
+ALGORITHM_MIXES = st.lists(st.sampled_from(ALGORITHMS), min_size=2, max_size=3)
+
+
+@PROPERTY_SETTINGS
+@given(data=st.data(), algorithms=ALGORITHM_MIXES)
+def test_multi_policy_all_or_nothing_matches_model(data: st.DataObject, algorithms: list[str]) -> None:
+    client = get_client()
+    assert isinstance(client, redis.Redis)
+    client.flushall()
+    tx = TransactionalClient(client)
+    chosen = [data.draw(policies(f"mix{i}", algorithm)) for i, algorithm in enumerate(algorithms)]
+    models = [model_for(p) for p in chosen]
+    cost_max = 1 if "concurrency" in algorithms else min(p.limit for p in chosen)
+    now = BASE_US + data.draw(st.integers(0, 60_000_000))
+    for _ in range(data.draw(st.integers(1, 20))):
+        now += data.draw(steps(7_000_000))
+        identity = data.draw(st.sampled_from(["u1", "u2"]))
+        cost = data.draw(st.integers(1, cost_max))
+        peek = data.draw(st.booleans())
+        decisions = run_step(
+            client, tx, [(p, m, identity, cost) for p, m in zip(chosen, models)], now, peek
+        )
+        if not all(d.allowed for d in decisions):
+            assert all(d.lease is None for d in decisions)
