@@ -128,16 +128,16 @@ def run_step(
     )
     outcomes, ttls = ref.evaluate(
         [(model, key, cost, d.lease or "")
-         for (_p, model, _i, cost), key, d in zip(checks, keys, decisions)],
+         for (_p, model, _i, cost), key, d in zip(checks, keys, decisions, strict=True)],
         now,
         peek=peek,
     )
-    for (policy, *_rest), decision, outcome in zip(checks, decisions, outcomes):
+    for (policy, *_rest), decision, outcome in zip(checks, decisions, outcomes, strict=True):
         assert_agree(decision, outcome, policy)
     committed = ttls[0] is not None
     assert committed == (not peek and all(d.allowed for d in decisions))
     if committed:
-        for key, ttl_us in zip(keys, ttls):
+        for key, ttl_us in zip(keys, ttls, strict=True):
             assert ttl_us is not None
             # PTTL is read in the same transaction; allow a few ms of server time passing.
             assert expected_pttl_ms(ttl_us) - 5 <= tx.pttls[key] <= expected_pttl_ms(ttl_us)
@@ -177,11 +177,12 @@ def test_single_policy_matches_model(algorithm: str, data: st.DataObject) -> Non
         if decision.lease is not None:
             held.append((identity, decision))
         if not decision.allowed:
-            # A lone caller's retry_after is the true wait: it succeeds then, not a microsecond sooner.
+            # A lone caller's retry_after is the true wait: it succeeds then, not 1 us sooner.
             retry_us = round(decision.retry_after * 1e6)
-            [later] = run_step(client, tx, [(policy, model, identity, cost)], now + retry_us, True)
+            check = [(policy, model, identity, cost)]
+            [later] = run_step(client, tx, check, now + retry_us, True)
             assert later.allowed
-            [sooner] = run_step(client, tx, [(policy, model, identity, cost)], now + retry_us - 1, True)
+            [sooner] = run_step(client, tx, check, now + retry_us - 1, True)
             assert not sooner.allowed
 
 
@@ -190,7 +191,9 @@ ALGORITHM_MIXES = st.lists(st.sampled_from(ALGORITHMS), min_size=2, max_size=3)
 
 @PROPERTY_SETTINGS
 @given(data=st.data(), algorithms=ALGORITHM_MIXES)
-def test_multi_policy_all_or_nothing_matches_model(data: st.DataObject, algorithms: list[str]) -> None:
+def test_multi_policy_all_or_nothing_matches_model(
+    data: st.DataObject, algorithms: list[str]
+) -> None:
     client = get_client()
     assert isinstance(client, redis.Redis)
     client.flushall()
@@ -204,8 +207,7 @@ def test_multi_policy_all_or_nothing_matches_model(data: st.DataObject, algorith
         identity = data.draw(st.sampled_from(["u1", "u2"]))
         cost = data.draw(st.integers(1, cost_max))
         peek = data.draw(st.booleans())
-        decisions = run_step(
-            client, tx, [(p, m, identity, cost) for p, m in zip(chosen, models)], now, peek
-        )
+        checks = [(p, m, identity, cost) for p, m in zip(chosen, models, strict=True)]
+        decisions = run_step(client, tx, checks, now, peek)
         if not all(d.allowed for d in decisions):
             assert all(d.lease is None for d in decisions)
