@@ -29,23 +29,32 @@ def _connection(config: dict[str, Any]) -> list[CheckMessage]:
     target = config.get("CONNECTION", DEFAULTS["CONNECTION"])
     caches = getattr(django_settings, "CACHES", {})
     if not isinstance(target, str) or not target:
-        return [_error("redislua.E002", f"REDISLUA['CONNECTION'] must be a cache alias or URL, not {target!r}.")]
+        return [
+            _error(
+                "redislua.E002",
+                f"REDISLUA['CONNECTION'] must be a cache alias or URL, not {target!r}.",
+            )
+        ]
     if target in caches:
         backend = caches[target].get("BACKEND", "")
         if backend not in REDIS_CACHE_BACKENDS:
-            return [_error(
-                "redislua.E003",
-                f"REDISLUA['CONNECTION'] names the cache {target!r}, whose backend {backend!r} is "
-                "not a Redis backend.",
-                f"Use one of {', '.join(REDIS_CACHE_BACKENDS)}, or a redis:// URL.",
-            )]
+            return [
+                _error(
+                    "redislua.E003",
+                    f"REDISLUA['CONNECTION'] names the cache {target!r}, whose backend "
+                    f"{backend!r} is not a Redis backend.",
+                    f"Use one of {', '.join(REDIS_CACHE_BACKENDS)}, or a redis:// URL.",
+                )
+            ]
         return []
     if "://" not in target:
-        return [_error(
-            "redislua.E002",
-            f"REDISLUA['CONNECTION'] {target!r} is not a CACHES alias "
-            f"(known: {', '.join(caches) or 'none'}) and not a URL.",
-        )]
+        return [
+            _error(
+                "redislua.E002",
+                f"REDISLUA['CONNECTION'] {target!r} is not a CACHES alias "
+                f"(known: {', '.join(caches) or 'none'}) and not a URL.",
+            )
+        ]
     try:
         parse_url(target)
     except ImproperlyConfigured as exc:
@@ -58,7 +67,12 @@ def _policies(config: dict[str, Any]) -> list[CheckMessage]:
 
     policies = config.get("POLICIES", {})
     if not isinstance(policies, dict):
-        return [_error("redislua.E004", f"REDISLUA['POLICIES'] must be a dict, not {type(policies).__name__}.")]
+        return [
+            _error(
+                "redislua.E004",
+                f"REDISLUA['POLICIES'] must be a dict, not {type(policies).__name__}.",
+            )
+        ]
     messages: list[CheckMessage] = []
     for name, options in policies.items():
         try:
@@ -69,11 +83,13 @@ def _policies(config: dict[str, Any]) -> list[CheckMessage]:
             continue
         unknown = sorted(set(options) - POLICY_OPTIONS)
         if unknown:
-            messages.append(Warning(
-                f"policy {name!r} has unknown options {unknown}; they are ignored.",
-                hint=f"Known options: {', '.join(sorted(POLICY_OPTIONS))}. {DOCS}",
-                id="redislua.W002",
-            ))
+            messages.append(
+                Warning(
+                    f"policy {name!r} has unknown options {unknown}; they are ignored.",
+                    hint=f"Known options: {', '.join(sorted(POLICY_OPTIONS))}. {DOCS}",
+                    id="redislua.W002",
+                )
+            )
     return messages
 
 
@@ -81,34 +97,59 @@ def _scalars(config: dict[str, Any]) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
     unknown = sorted(set(config) - set(DEFAULTS))
     if unknown:
-        messages.append(Warning(
-            f"REDISLUA has unknown settings {unknown}; they are ignored.",
-            hint=f"Known settings: {', '.join(DEFAULTS)}. {DOCS}", id="redislua.W001",
-        ))
+        messages.append(
+            Warning(
+                f"REDISLUA has unknown settings {unknown}; they are ignored.",
+                hint=f"Known settings: {', '.join(DEFAULTS)}. {DOCS}",
+                id="redislua.W001",
+            )
+        )
     if "HEADERS" in config and config["HEADERS"] not in HEADER_MODES:
-        messages.append(_error("redislua.E012", f"REDISLUA['HEADERS'] must be one of {HEADER_MODES}, "
-                               f"not {config['HEADERS']!r}."))
+        messages.append(
+            _error(
+                "redislua.E012",
+                f"REDISLUA['HEADERS'] must be one of {HEADER_MODES}, not {config['HEADERS']!r}.",
+            )
+        )
     if "FAIL_OPEN" in config and not isinstance(config["FAIL_OPEN"], bool):
         messages.append(_error("redislua.E013", "REDISLUA['FAIL_OPEN'] must be True or False."))
     proxies = config.get("TRUSTED_PROXIES", 0)
     if isinstance(proxies, bool) or not isinstance(proxies, int) or proxies < 0:
-        messages.append(_error("redislua.E014", f"REDISLUA['TRUSTED_PROXIES'] must be a whole number "
-                               f">= 0, not {proxies!r}."))
+        messages.append(
+            _error(
+                "redislua.E014",
+                f"REDISLUA['TRUSTED_PROXIES'] must be a whole number >= 0, not {proxies!r}.",
+            )
+        )
     for name, top in (("IPV4_MASK", 32), ("IPV6_MASK", 128)):
         mask = config.get(name, DEFAULTS[name])
         if isinstance(mask, bool) or not isinstance(mask, int) or not 0 < mask <= top:
-            messages.append(_error("redislua.E015", f"REDISLUA['{name}'] must be between 1 and {top}, "
-                                   f"not {mask!r}."))
+            messages.append(
+                _error(
+                    "redislua.E015",
+                    f"REDISLUA['{name}'] must be between 1 and {top}, not {mask!r}.",
+                )
+            )
     prefix = config.get("KEY_PREFIX", DEFAULTS["KEY_PREFIX"])
     if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{} \r\n"):
-        messages.append(_error("redislua.E016", f"REDISLUA['KEY_PREFIX'] must be a non-empty string "
-                               f"without braces or spaces, not {prefix!r}."))
+        messages.append(
+            _error(
+                "redislua.E016",
+                f"REDISLUA['KEY_PREFIX'] must be a non-empty string "
+                f"without braces or spaces, not {prefix!r}.",
+            )
+        )
     for name in ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT"):
         value = config.get(name, DEFAULTS[name])
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or value <= 0):
-            messages.append(_error("redislua.E019", f"REDISLUA['{name}'] must be a number of seconds "
-                                   f"> 0 or None, not {value!r}."))
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+        ):
+            messages.append(
+                _error(
+                    "redislua.E019",
+                    f"REDISLUA['{name}'] must be a number of seconds > 0 or None, not {value!r}.",
+                )
+            )
     options = config.get("CONNECTION_OPTIONS", {})
     if not isinstance(options, dict):
         messages.append(_error("redislua.E019", "REDISLUA['CONNECTION_OPTIONS'] must be a dict."))
@@ -118,11 +159,16 @@ def _scalars(config: dict[str, Any]) -> list[CheckMessage]:
             target = import_string(denied) if isinstance(denied, str) else denied
         except ImportError as exc:
             target = None
-            messages.append(_error("redislua.E018", f"REDISLUA['DENIED_VIEW'] {denied!r} cannot be "
-                                   f"imported: {exc}"))
+            messages.append(
+                _error(
+                    "redislua.E018", f"REDISLUA['DENIED_VIEW'] {denied!r} cannot be imported: {exc}"
+                )
+            )
         else:
             if not callable(target):
-                messages.append(_error("redislua.E018", f"REDISLUA['DENIED_VIEW'] {denied!r} is not callable."))
+                messages.append(
+                    _error("redislua.E018", f"REDISLUA['DENIED_VIEW'] {denied!r} is not callable.")
+                )
     return messages
 
 
@@ -133,20 +179,26 @@ def _middleware_policies(config: dict[str, Any]) -> list[CheckMessage]:
         return [_error("redislua.E017", "REDISLUA['MIDDLEWARE_POLICIES'] must be a list of dicts.")]
     messages: list[CheckMessage] = []
     for index, rule in enumerate(rules):
-        if not isinstance(rule, dict) or "policy" not in rule or not (
-            "path" in rule or "name" in rule
+        if (
+            not isinstance(rule, dict)
+            or "policy" not in rule
+            or not ("path" in rule or "name" in rule)
         ):
-            messages.append(_error(
-                "redislua.E017",
-                f"MIDDLEWARE_POLICIES[{index}] must be a dict with 'policy' and 'path' (a URL "
-                f"prefix) or 'name' (a URL name), not {rule!r}.",
-            ))
+            messages.append(
+                _error(
+                    "redislua.E017",
+                    f"MIDDLEWARE_POLICIES[{index}] must be a dict with 'policy' and 'path' (a URL "
+                    f"prefix) or 'name' (a URL name), not {rule!r}.",
+                )
+            )
         elif isinstance(policies, dict) and rule["policy"] not in policies:
-            messages.append(_error(
-                "redislua.E017",
-                f"MIDDLEWARE_POLICIES[{index}] names the policy {rule['policy']!r}, which is not "
-                "in REDISLUA['POLICIES'].",
-            ))
+            messages.append(
+                _error(
+                    "redislua.E017",
+                    f"MIDDLEWARE_POLICIES[{index}] names the policy {rule['policy']!r}, which "
+                    "is not in REDISLUA['POLICIES'].",
+                )
+            )
     return messages
 
 
@@ -154,7 +206,11 @@ def _middleware_policies(config: dict[str, Any]) -> list[CheckMessage]:
 def check_settings(**kwargs: Any) -> list[CheckMessage]:
     config = getattr(django_settings, "REDISLUA", {})
     if not isinstance(config, dict):
-        return [_error("redislua.E001", f"settings.REDISLUA must be a dict, not {type(config).__name__}.")]
+        return [
+            _error(
+                "redislua.E001", f"settings.REDISLUA must be a dict, not {type(config).__name__}."
+            )
+        ]
     return [
         *_scalars(config),
         *_connection(config),

@@ -1,4 +1,4 @@
-"""The Redis clients this app talks through: sync and asyncio, built from ``REDISLUA["CONNECTION"]``.
+"""The Redis clients this app uses: sync and asyncio, built from ``REDISLUA["CONNECTION"]``.
 
 ``CONNECTION`` is a ``CACHES`` alias (django-redis or Django's ``RedisCache``) or a URL:
 ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://host:port`` or
@@ -16,7 +16,7 @@ import asyncio
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -30,15 +30,22 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_redislua.conf import on_change, settings
 
-SyncClient = Union[redis.Redis, redis.cluster.RedisCluster]
-AsyncClient = Union[redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster]
+SyncClient = redis.Redis | redis.cluster.RedisCluster
+AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 
 REDIS_CACHE_BACKENDS = {
     "django.core.cache.backends.redis.RedisCache": "django",
     "django_redis.cache.RedisCache": "django_redis",
 }
-URL_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",
-               "rediss+sentinel")
+URL_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+)
 
 
 @dataclass(frozen=True)
@@ -122,8 +129,13 @@ def resolve_endpoint() -> Endpoint:
         primary = str(location[0]).strip() if location else ""
         endpoint = parse_url(primary)
         return Endpoint(
-            endpoint.kind, endpoint.url, endpoint.options, target, flavour,
-            endpoint.sentinels, endpoint.service_name,
+            endpoint.kind,
+            endpoint.url,
+            endpoint.options,
+            target,
+            flavour,
+            endpoint.sentinels,
+            endpoint.service_name,
         )
     if "://" not in target:
         raise ImproperlyConfigured(

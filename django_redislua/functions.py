@@ -36,7 +36,9 @@ def library_names(client: redis.Redis, pattern: str = "*") -> set[str]:
     """Names of the Function libraries on ``client`` matching ``pattern``."""
     names = set()
     for entry in client.function_list(library=pattern):
-        fields = entry if isinstance(entry, dict) else dict(zip(entry[::2], entry[1::2]))
+        if not isinstance(entry, dict):  # RESP2 answers a flat list of names and values
+            entry = dict(zip(entry[::2], entry[1::2], strict=True))
+        fields = entry
         name = fields.get("library_name", fields.get(b"library_name"))
         names.add(name.decode() if isinstance(name, bytes) else str(name))
     return names
@@ -48,7 +50,7 @@ def load_scripts(check_only: bool = False) -> list[ScriptStatus]:
     report = []
     for node, client in primary_nodes():
         present = client.script_exists(*[s.sha for s in scripts]) if scripts else []
-        for script, exists in zip(scripts, present):
+        for script, exists in zip(scripts, present, strict=True):
             if exists:
                 status = "present" if check_only else "already loaded"
             elif check_only:

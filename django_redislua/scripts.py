@@ -80,7 +80,10 @@ class Script:
         return f"<Script {self.name} {self.sha[:12]}>"
 
     def __call__(
-        self, keys: Sequence[KeyArg] = (), args: Sequence[Arg] = (), client: SyncClient | None = None
+        self,
+        keys: Sequence[KeyArg] = (),
+        args: Sequence[Arg] = (),
+        client: SyncClient | None = None,
     ) -> Any:
         client = client or get_client()
         if settings.USE_FUNCTIONS:
@@ -174,7 +177,7 @@ registry = Registry()
 
 
 def function_name(script: Script, lib_name: str) -> str:
-    return f"{lib_name}__{script.function_name[len(LIBRARY_PREFIX):]}"
+    return f"{lib_name}__{script.function_name[len(LIBRARY_PREFIX) :]}"
 
 
 def get_script(name: str) -> Script:
@@ -186,8 +189,9 @@ def _is_missing_function(exc: ResponseError) -> bool:
     return "function not found" in str(exc).lower()
 
 
-def _call_function(script: Script, client: SyncClient, keys: Sequence[KeyArg],
-                   args: Sequence[Arg]) -> Any:
+def _call_function(
+    script: Script, client: SyncClient, keys: Sequence[KeyArg], args: Sequence[Arg]
+) -> Any:
     lib_name, source = registry.library()
     name = function_name(script, lib_name)
     try:
@@ -199,8 +203,9 @@ def _call_function(script: Script, client: SyncClient, keys: Sequence[KeyArg],
         return client.fcall(name, len(keys), *keys, *args)  # type: ignore[arg-type]
 
 
-async def _acall_function(script: Script, client: AsyncClient, keys: Sequence[KeyArg],
-                          args: Sequence[Arg]) -> Any:
+async def _acall_function(
+    script: Script, client: AsyncClient, keys: Sequence[KeyArg], args: Sequence[Arg]
+) -> Any:
     lib_name, source = registry.library()
     name = function_name(script, lib_name)
     try:

@@ -80,8 +80,13 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 class RedisServer:
     """A ``redis-server`` child process. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, port: int | None = None, binary: str | None = None,
-                 extra_args: tuple[str, ...] = (), workdir: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        binary: str | None = None,
+        extra_args: tuple[str, ...] = (),
+        workdir: str | None = None,
+    ) -> None:
         self.binary = binary or find_server_binary()
         self.port = port or free_port()
         self.extra_args = extra_args
@@ -98,14 +103,32 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", self.workdir,
-            "--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning",
-            "--logfile", "server.log", *self.extra_args,
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.workdir,
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--loglevel",
+            "warning",
+            "--logfile",
+            "server.log",
+            *self.extra_args,
         ]
-        self.process = subprocess.Popen(  # noqa: S603
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
+        self.process = subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         deadline = time.monotonic() + timeout
         probe = self.client(socket_timeout=1, socket_connect_timeout=1)
@@ -120,7 +143,9 @@ class RedisServer:
             except redis.ConnectionError:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"{self.binary} did not answer on port {self.port}") from None
+                    raise RuntimeError(
+                        f"{self.binary} did not answer on port {self.port}"
+                    ) from None
                 time.sleep(0.02)
         probe.close()
         atexit.register(self.stop)
@@ -141,13 +166,17 @@ class RedisServer:
     def __enter__(self) -> RedisServer:
         return self.start() if self.process is None else self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
 
 class RedisClusterServers:
-    """A real Redis Cluster on loopback: ``primaries`` primaries, each with ``replicas`` replicas."""
+    """A real Redis Cluster on loopback: ``primaries`` primaries, ``replicas`` replicas each."""
 
     def __init__(self, primaries: int = 3, replicas: int = 1) -> None:
         self.primaries = primaries
@@ -161,10 +190,17 @@ class RedisClusterServers:
     def start(self, timeout: float = 30.0) -> RedisClusterServers:
         total = self.primaries * (1 + self.replicas)
         for index in range(total):
-            server = RedisServer(port=free_cluster_port(), extra_args=(
-                "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{index}.conf",
-                "--cluster-node-timeout", "2000",
-            ))
+            server = RedisServer(
+                port=free_cluster_port(),
+                extra_args=(
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    f"nodes-{index}.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ),
+            )
             self.servers.append(server.start())
         clients = [s.client(decode_responses=True) for s in self.servers]
         ids = [c.execute_command("CLUSTER MYID") for c in clients]
@@ -176,7 +212,7 @@ class RedisClusterServers:
             last = 16383 if index == self.primaries - 1 else first + per_primary - 1
             clients[index].execute_command("CLUSTER ADDSLOTS", *range(first, last + 1))
         deadline = time.monotonic() + timeout
-        for offset, client in enumerate(clients[self.primaries:]):
+        for offset, client in enumerate(clients[self.primaries :]):
             primary_id = ids[offset % self.primaries]
             while True:  # a replica can only follow a primary it has heard of
                 try:
@@ -250,8 +286,11 @@ class CommandRecorder:
 
     def __init__(self, client: redis.Redis) -> None:
         given = client.connection_pool.connection_kwargs
-        kwargs = {k: given[k] for k in ("host", "port", "path", "db", "username", "password")
-                  if k in given}
+        kwargs = {
+            k: given[k]
+            for k in ("host", "port", "path", "db", "username", "password")
+            if k in given
+        }
         if "path" in kwargs:
             kwargs["unix_socket_path"] = kwargs.pop("path")
         self._client = redis.Redis(**kwargs)

@@ -1,5 +1,6 @@
-"""Fixtures: a real Redis server (REDIS_URL, else one started by tests/settings.py), flushed
-(keys, scripts, functions) before every test; a MONITOR command recorder; a real 6-node cluster for cluster tests."""
+"""Fixtures: a real Redis server (REDIS_URL, else one started by tests/settings.py),
+flushed (keys, scripts, functions) before every test; a MONITOR command recorder; a real
+6-node cluster for cluster tests."""
 
 from __future__ import annotations
 

@@ -25,9 +25,9 @@ def test_valid_settings_have_no_messages():
 
 
 def test_manage_py_check_names_the_id():
-    with override_settings(REDISLUA={"POLICIES": {"p": {"rate": "5/m", "algorithm": "nope"}}}):
-        with pytest.raises(SystemCheckError, match=r"redislua\.E005"):
-            call_command("check", stdout=StringIO(), stderr=StringIO())
+    bad = {"POLICIES": {"p": {"rate": "5/m", "algorithm": "nope"}}}
+    with override_settings(REDISLUA=bad), pytest.raises(SystemCheckError, match=r"redislua\.E005"):
+        call_command("check", stdout=StringIO(), stderr=StringIO())
 
 
 def test_e001_not_a_dict():

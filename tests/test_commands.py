@@ -27,7 +27,7 @@ def test_preload_then_check_passes(r):
 def test_check_after_script_flush_fails_and_names_missing(r):
     run("redislua_preload")
     r.script_flush()
-    with pytest.raises(CommandError, match="missing: .*django_redislua.ratelimit") as info:
+    with pytest.raises(CommandError, match=r"missing: .*django_redislua\.ratelimit") as info:
         run("redislua_preload", "--check")
     assert info.value.returncode == 1
 
@@ -74,8 +74,9 @@ def test_status_shows_server_policies_scripts_and_keys(r):
 
 
 def test_status_when_redis_is_down():
-    with override_settings(REDISLUA={"CONNECTION": "redis://127.0.0.1:1/0"}), pytest.raises(
-        CommandError, match="unreachable"
+    with (
+        override_settings(REDISLUA={"CONNECTION": "redis://127.0.0.1:1/0"}),
+        pytest.raises(CommandError, match="unreachable"),
     ):
         run("redislua_status")
 

@@ -53,8 +53,9 @@ def test_cache_alias_without_timeout_gets_a_sibling_pool_with_ours(alias):
 
 
 def test_non_redis_cache_is_refused():
-    with override_settings(REDISLUA={"CONNECTION": "locmem"}), pytest.raises(
-        ImproperlyConfigured, match="not a Redis backend"
+    with (
+        override_settings(REDISLUA={"CONNECTION": "locmem"}),
+        pytest.raises(ImproperlyConfigured, match="not a Redis backend"),
     ):
         get_client()
 
@@ -66,8 +67,12 @@ def test_settings_change_rebuilds_the_client():
 
 
 def test_connection_options_are_passed(settings):
-    with override_settings(REDISLUA={"CONNECTION": settings.REDIS_URL,
-                                     "CONNECTION_OPTIONS": {"client_name": "redislua-test"}}):
+    with override_settings(
+        REDISLUA={
+            "CONNECTION": settings.REDIS_URL,
+            "CONNECTION_OPTIONS": {"client_name": "redislua-test"},
+        }
+    ):
         client = get_client()
         assert client.client_getname() == "redislua-test"
 

@@ -25,7 +25,7 @@ def test_app_script_runs(r):
 
 
 def test_unknown_script_names_the_known_ones():
-    with pytest.raises(ScriptError, match="testapp.echo"):
+    with pytest.raises(ScriptError, match=r"testapp\.echo"):
         get_script("nope.nothing")
 
 

@@ -17,10 +17,16 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--functions", action="store_true",
-                            help="load a Redis 7 Functions library instead of the script cache")
-        parser.add_argument("--check", action="store_true",
-                            help="load nothing; report what is missing and exit 1 if anything is")
+        parser.add_argument(
+            "--functions",
+            action="store_true",
+            help="load a Redis 7 Functions library instead of the script cache",
+        )
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="load nothing; report what is missing and exit 1 if anything is",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:

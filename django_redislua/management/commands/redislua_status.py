@@ -16,7 +16,7 @@ SCAN_BUDGET = 100_000  # keys examined per node at most, so a huge Redis still a
 
 
 class Command(BaseCommand):
-    help = "Show the Redis connection, server version, policies, scripts loaded per node and key counts."
+    help = "Show the Redis connection, server version, policies, scripts per node and key counts."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--no-keys", action="store_true", help="skip counting keys (no SCAN)")
@@ -60,4 +60,6 @@ class Command(BaseCommand):
             if cursor == 0:
                 return f"{count} keys under {pattern}"
             if examined >= SCAN_BUDGET:
-                return f"at least {count} keys under {pattern} (stopped after {SCAN_BUDGET} examined)"
+                return (
+                    f"at least {count} keys under {pattern} (stopped after {SCAN_BUDGET} examined)"
+                )
