@@ -1,0 +1,99 @@
+"""Live lock state for the admin and ``manage.py redislua_locks``: read with SCAN, never KEYS.
+
+A page is one SCAN per node plus one pipelined read of the locks it found (HMGET, PTTL and
+PUBSUB NUMSUB of each lock's wake-up channel, i.e. how many callers are waiting for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from django_redislua.connection import get_client, primary_nodes
+from django_redislua.locks.keys import keys_for, scan_pattern
+from django_redislua.scripts import get_script
+
+_FIELDS = ("owner", "token", "count", "name")
+_GLOB = frozenset("*?[")
+
+
+@dataclass
+class LockInfo:
+    """One held lock, as Redis sees it now."""
+
+    name: str  # as the application wrote it; pass it to force_release()
+    owner: str  # the holder's owner token
+    ttl: float | None  # seconds of lease left; None when the lock has no expiry
+    fencing_token: int | None
+    reentry_count: int
+    waiters: int  # callers blocked waiting for it (subscribers of its wake-up channel)
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _name_glob(match: str | None) -> str:
+    """A glob over the bounded lock name: ``match`` itself if it is a glob, else a substring."""
+    if not match:
+        return "*"
+    if _GLOB & set(match):
+        return match
+    return f"*{match}*"
+
+
+def _read(node: redis.Redis, keys: list[str]) -> list[LockInfo]:
+    channels = [f"{key}:released" for key in keys]
+    pipe = node.pipeline(transaction=False)
+    for key in keys:
+        pipe.hmget(key, list(_FIELDS))
+        pipe.pttl(key)
+    pipe.pubsub_numsub(*channels)
+    replies = pipe.execute()
+    waiting = {_text(channel): int(count) for channel, count in replies[-1]}
+    found = []
+    for index, key in enumerate(keys):
+        owner, token, count, name = replies[2 * index]
+        pttl = int(replies[2 * index + 1])
+        if owner is None or pttl == -2:  # released between SCAN and the read
+            continue
+        found.append(LockInfo(
+            name=_text(name) or key[key.index("{") + 1:key.rindex("}")],
+            owner=_text(owner),
+            ttl=None if pttl < 0 else pttl / 1000,
+            fencing_token=None if token is None else int(token),
+            reentry_count=int(count or 0),
+            waiters=waiting.get(channels[index], 0),
+        ))
+    return found
+
+
+def scan_locks(cursor: int = 0, match: str | None = None,
+               count: int = 100) -> tuple[int, list[LockInfo]]:
+    """One page of held locks: ``(next cursor, locks)``; the cursor is 0 when the scan is done.
+
+    ``match`` filters by lock name: a glob (``report:*``) or else a substring. On a cluster the
+    cursor walks the primaries one after another (it encodes node index and node cursor).
+    """
+    nodes = [node for _, node in primary_nodes()]
+    index, node_cursor = cursor % len(nodes), cursor // len(nodes)
+    node = nodes[index]
+    node_cursor, keys = node.scan(node_cursor, match=scan_pattern("lock", _name_glob(match)),
+                                  count=count)
+    names = sorted({_text(key) for key in keys})
+    locks = _read(node, names) if names else []
+    if node_cursor:
+        return int(node_cursor) * len(nodes) + index, locks
+    if index + 1 < len(nodes):
+        return index + 1, locks
+    return 0, locks
+
+
+def force_release(name: str) -> bool:
+    """Delete the lock ``name`` whoever holds it and wake its waiters; True if it was held."""
+    keys = keys_for("lock", name)
+    script = get_script("django_redislua.lock_force_release")
+    return bool(script(keys=[keys.base], args=[keys.channel], client=get_client()))

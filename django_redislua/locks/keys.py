@@ -1,0 +1,47 @@
+"""Redis key names of locks and the other coordination primitives.
+
+Every key of one lock (the lock hash, its fencing counter) and its wake-up channel share one hash
+tag built from ``bound_identity(name)``, so each script touches a single cluster slot, and every
+key starts with ``REDISLUA["KEY_PREFIX"]``::
+
+    rl:lock:{report:daily}            hash {owner, count, token, name}; expires with the lease
+    rl:lock:{report:daily}:fence      fencing counter (never expires)
+    rl:lock:{report:daily}:released   pub/sub channel (not a key) that wakes waiters
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from django_redislua.conf import settings
+from django_redislua.limiting.identity import bound_identity
+
+_GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a literal inside a Redis SCAN MATCH pattern."""
+    return _GLOB_SPECIAL.sub(r"\\\1", text)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The keys (and wake-up channel) of one named primitive."""
+
+    base: str  # "<prefix>:<kind>:{<bounded name>}", itself the main key
+    channel: str
+
+    def sub(self, suffix: str) -> str:
+        return f"{self.base}:{suffix}"
+
+
+def keys_for(kind: str, name: str) -> Keys:
+    """Keys of the primitive ``kind`` ("lock", "sem", "once", "flight") called ``name``."""
+    base = f"{settings.KEY_PREFIX}:{kind}:{{{bound_identity(name)}}}"
+    return Keys(base=base, channel=f"{base}:released")
+
+
+def scan_pattern(kind: str, name_glob: str = "*") -> str:
+    """SCAN MATCH pattern of the main keys of ``kind`` whose bounded name matches ``name_glob``."""
+    return f"{glob_escape(settings.KEY_PREFIX)}:{kind}:{{{name_glob}}}"

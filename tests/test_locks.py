@@ -1,0 +1,237 @@
+"""Lock: acquire/release/extend semantics, fencing, reentrancy, waking, inspection."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from django_redislua.locks import Lock, LockNotAcquired, LockNotOwned
+from django_redislua.locks.inspect import force_release, scan_locks
+from django_redislua.testing import CommandRecorder
+
+
+def test_acquire_release_and_fencing_tokens_grow(r: redis.Redis) -> None:
+    tokens = []
+    for _ in range(3):
+        lock = Lock("job", timeout=5)
+        assert lock.acquire()
+        assert r.hget("rl:lock:{job}", "owner") == lock.owner.encode()
+        tokens.append(lock.token)
+        lock.release()
+        assert not r.exists("rl:lock:{job}")
+    assert tokens == [1, 2, 3]
+
+
+def test_uncontended_acquire_release_is_two_round_trips(r: redis.Redis) -> None:
+    with Lock("warm", timeout=5):  # loads both scripts after the fixture's SCRIPT FLUSH
+        pass
+    lock = Lock("rt", timeout=5)
+    with CommandRecorder(r) as recorder:
+        assert lock.acquire()
+        lock.release()
+    assert recorder.commands == ["EVALSHA", "EVALSHA"]
+    assert lock.token == 1
+
+
+def test_non_owner_release_and_extend_are_refused(r: redis.Redis) -> None:
+    holder = Lock("owned", timeout=5)
+    intruder = Lock("owned", timeout=5, blocking=False)
+    assert holder.acquire()
+    assert not intruder.acquire()
+    with pytest.raises(LockNotOwned):
+        intruder.release()
+    with pytest.raises(LockNotOwned):
+        intruder.extend(10)
+    assert r.hget("rl:lock:{owned}", "owner") == holder.owner.encode()
+    holder.release()
+    with pytest.raises(LockNotOwned):
+        holder.release()
+
+
+def test_release_works_from_another_thread() -> None:
+    lock = Lock("cross-thread", timeout=5)
+    assert lock.acquire()
+    thread = threading.Thread(target=lock.release)
+    thread.start()
+    thread.join()
+    assert not lock.locked()
+
+
+def test_extend_adds_or_replaces_the_lease(r: redis.Redis) -> None:
+    lock = Lock("ext", timeout=2)
+    lock.acquire()
+    lock.extend(10)
+    assert 11_000 < r.pttl("rl:lock:{ext}") <= 12_000
+    lock.extend(3, replace_ttl=True)
+    assert 2_000 < r.pttl("rl:lock:{ext}") <= 3_000
+    lock.release()
+
+
+def test_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        Lock("x", timeout=0)
+    with pytest.raises(ValueError):
+        Lock("x", timeout=-1)
+
+
+def test_reentrant_counts_per_owner(r: redis.Redis) -> None:
+    lock = Lock("re", timeout=5, reentrant=True)
+    with lock:
+        with lock:
+            assert r.hget("rl:lock:{re}", "count") == b"2"
+            assert lock.token == 1
+        assert r.hget("rl:lock:{re}", "count") == b"1"
+    assert not r.exists("rl:lock:{re}")
+
+
+def test_non_reentrant_second_acquire_by_owner_waits() -> None:
+    lock = Lock("nre", timeout=5)
+    assert lock.acquire()
+    assert not lock.acquire(blocking=False)
+    lock.release()
+
+
+def test_context_manager_raises_when_not_acquired_in_time() -> None:
+    holder = Lock("busy", timeout=5)
+    holder.acquire()
+    started = time.monotonic()
+    with pytest.raises(LockNotAcquired), Lock("busy", timeout=5, blocking_timeout=0.2):
+        pass
+    assert 0.15 < time.monotonic() - started < 1.0
+    holder.release()
+
+
+def test_waiter_is_woken_by_release_not_by_the_lease() -> None:
+    holder = Lock("handoff", timeout=30)
+    holder.acquire()
+    acquired_at: list[float] = []
+
+    def wait() -> None:
+        waiter = Lock("handoff", timeout=30, blocking_timeout=10)
+        assert waiter.acquire()
+        acquired_at.append(time.monotonic())
+        waiter.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.3)
+    released_at = time.monotonic()
+    holder.release()
+    thread.join(5)
+    assert acquired_at and acquired_at[0] - released_at < 0.1
+
+
+def test_waiter_takes_over_when_the_lease_expires() -> None:
+    holder = Lock("expiring", timeout=0.3)
+    holder.acquire()  # never released: as if its process died
+    started = time.monotonic()
+    waiter = Lock("expiring", timeout=5, blocking_timeout=5)
+    assert waiter.acquire()
+    assert 0.2 < time.monotonic() - started < 1.0
+    assert waiter.token == 2
+
+
+def test_auto_renew_keeps_a_lock_beyond_its_timeout_and_stops_on_release(r: redis.Redis) -> None:
+    lock = Lock("renewed", timeout=0.3, auto_renew=True)
+    with lock:
+        time.sleep(1.0)
+        assert lock.owned()
+        assert not lock.lost
+    assert not r.exists("rl:lock:{renewed}")
+    time.sleep(0.2)
+    assert not r.exists("rl:lock:{renewed}")
+
+
+def test_auto_renew_failure_sets_lost() -> None:
+    lock = Lock("lost", timeout=0.3, auto_renew=True)
+    lock.acquire()
+    assert force_release("lost")
+    time.sleep(0.5)
+    assert lock.lost
+    with pytest.raises(LockNotOwned):
+        lock.release()
+
+
+def test_decorator_runs_each_call_under_the_lock(r: redis.Redis) -> None:
+    seen = []
+
+    @Lock("decorated", timeout=5)
+    def job(x: int) -> int:
+        seen.append(r.hget("rl:lock:{decorated}", "owner"))
+        return x * 2
+
+    assert job(2) == 4
+    assert job(3) == 6
+    assert seen[0] and seen[1] and seen[0] != seen[1]
+    assert not r.exists("rl:lock:{decorated}")
+
+
+def test_hostile_names_are_bounded_and_share_one_hash_tag(r: redis.Redis) -> None:
+    lock = Lock("a{b}\n" + "x" * 500, timeout=5)
+    lock.acquire()
+    keys = sorted(k.decode() for k in r.scan_iter("rl:lock:*"))
+    assert len(keys) == 2
+    tags = {k[k.index("{"):k.index("}") + 1] for k in keys}
+    assert len(tags) == 1 and len(next(iter(tags))) < 40
+    lock.release()
+
+
+def test_scan_locks_and_force_release(r: redis.Redis) -> None:
+    held = []
+    for name in ("report:daily", "report:weekly", "other"):
+        lock = Lock(name, timeout=30, reentrant=True)
+        lock.acquire()
+        held.append(lock)
+    held[0].acquire()
+    cursor, found = 0, []
+    while True:
+        cursor, page = scan_locks(cursor, match="report", count=1)
+        found.extend(page)
+        if cursor == 0:
+            break
+    by_name = {info.name: info for info in found}
+    assert set(by_name) == {"report:daily", "report:weekly"}
+    daily = by_name["report:daily"]
+    assert daily.owner == held[0].owner
+    assert daily.reentry_count == 2
+    assert daily.fencing_token == 1
+    assert daily.ttl is not None and 29 < daily.ttl <= 30
+    assert daily.waiters == 0
+    assert {i.name for i in scan_locks(match="report:w*")[1]} <= {"report:weekly"}
+    assert force_release("report:daily")
+    assert not force_release("report:daily")
+    assert not r.exists("rl:lock:{report:daily}")
+    with pytest.raises(LockNotOwned):
+        held[0].release()
+
+
+def test_scan_locks_counts_waiters_and_force_release_wakes_them() -> None:
+    Lock("contended", timeout=30).acquire()
+    results: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(
+            Lock("contended", timeout=30, blocking_timeout=10).acquire()))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 5
+    waiters = 0
+    while time.monotonic() < deadline and waiters < 2:
+        waiters = scan_locks(match="contended")[1][0].waiters
+        time.sleep(0.05)
+    assert waiters == 2
+    started = time.monotonic()
+    assert force_release("contended")
+    deadline = time.monotonic() + 5
+    while len(results) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert results == [True]
+    assert time.monotonic() - started < 1.0
+    force_release("contended")
+    for thread in threads:
+        thread.join(5)
+    assert results == [True, True]
