@@ -242,6 +242,63 @@ class RedisClusterServers:
         self.stop()
 
 
+class RedisSentinelServers:
+    """A primary and one Sentinel monitoring it as ``service_name``, on loopback."""
+
+    def __init__(self, service_name: str = "mymaster") -> None:
+        self.service_name = service_name
+        self.primary = RedisServer()
+        self.sentinel: RedisServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.sentinel is not None
+        return f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{self.service_name}"
+
+    def start(self, timeout: float = 10.0) -> RedisSentinelServers:
+        self.primary.start()
+        sentinel = RedisServer()
+        config = Path(sentinel.workdir, "sentinel.conf")
+        config.write_text(
+            f"port {sentinel.port}\nbind 127.0.0.1\n"
+            f"sentinel monitor {self.service_name} 127.0.0.1 {self.primary.port} 1\n"
+        )
+        # A sentinel takes its config file first and rewrites it, so it is started by hand.
+        sentinel.process = subprocess.Popen(  # noqa: S603
+            [sentinel.binary, str(config), "--sentinel", "--dir", sentinel.workdir],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
+        )
+        self.sentinel = sentinel
+        atexit.register(sentinel.stop)
+        deadline = time.monotonic() + timeout
+        probe = sentinel.client(socket_timeout=1, socket_connect_timeout=1)
+        while True:
+            try:
+                if probe.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service_name):
+                    break
+            except redis.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the test sentinel did not come up")
+            time.sleep(0.05)
+        probe.close()
+        return self
+
+    def stop(self) -> None:
+        if self.sentinel is not None:
+            self.sentinel.stop()
+        self.primary.stop()
+
+    def __enter__(self) -> RedisSentinelServers:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 _shared: RedisServer | None = None
 
 

@@ -1,0 +1,53 @@
+"""The engine and the script registry on a real 6-node Redis Cluster and behind a real Sentinel."""
+
+import pytest
+from django.test import override_settings
+
+from django_redislua import Policy
+from django_redislua.connection import get_client, primary_nodes
+from django_redislua.limiting import evaluate
+from django_redislua.testing import RedisSentinelServers
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def on_cluster(redis_cluster):
+    with override_settings(REDISLUA={"CONNECTION": redis_cluster.url}):
+        get_client().flushall()
+        for _node, client in primary_nodes():
+            client.script_flush()
+        yield get_client()
+
+
+def test_hit_on_a_cluster_loads_the_script_where_the_key_lives(on_cluster):
+    policy = Policy("c", rate="3/m", algorithm="gcra")
+    results = [policy.hit(f"user{i % 7}").allowed for i in range(40)]
+    assert results.count(True) == 7 * 3
+
+
+def test_multi_policy_for_one_identity_is_one_slot_and_all_or_nothing(on_cluster):
+    burst = Policy("burst", rate="2/m", algorithm="fixed_window")
+    sustained = Policy("sustained", rate="100/h", algorithm="sliding_window")
+    keys = {burst.redis_key("u1"), sustained.redis_key("u1")}
+    assert len({on_cluster.keyslot(k) for k in keys}) == 1
+    assert all(d.allowed for d in evaluate([(burst, "u1", 1), (sustained, "u1", 1)]))
+    assert all(d.allowed for d in evaluate([(burst, "u1", 1), (sustained, "u1", 1)]))
+    third = evaluate([(burst, "u1", 1), (sustained, "u1", 1)])
+    assert [d.allowed for d in third] == [False, True]
+    assert sustained.peek("u1").remaining == 98  # the denied request took nothing
+
+
+def test_checks_on_different_slots_are_decided_slot_by_slot(on_cluster):
+    a = Policy("a", rate="1/m", algorithm="fixed_window")
+    slots = {on_cluster.keyslot(a.redis_key(i)) for i in ("x", "y", "z")}
+    assert len(slots) > 1
+    decisions = evaluate([(a, "x", 1), (a, "y", 1), (a, "z", 1)])
+    assert [d.key for d in decisions] == ["x", "y", "z"] and all(decisions)
+
+
+def test_sentinel_url_follows_the_primary():
+    with RedisSentinelServers() as servers, override_settings(REDISLUA={"CONNECTION": servers.url}):
+        policy = Policy("s", rate="2/m", algorithm="sliding_log")
+        assert [policy.hit("k").allowed for _ in range(3)] == [True, True, False]
+        assert servers.primary.client().exists(policy.redis_key("k")) == 1
