@@ -1,0 +1,230 @@
+"""The "Redis Lua" admin page: live rate-limit keys, locks, scripts and servers, read from Redis.
+
+A thin layer over :mod:`django_redislua.limiting.inspect` and :mod:`django_redislua.locks.inspect`.
+The unmanaged :class:`~django_redislua.models.RedisLua` model anchors the page and its ``view`` /
+``change`` permissions; every page is served through ``get_urls`` wrapped in
+``admin_site.admin_view`` (staff only, CSRF-protected). Resets and force-releases need ``change``,
+go through a confirmation page, are POSTs, and are written to the admin log.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import redis
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.http import urlencode
+
+from django_redislua.conf import settings
+from django_redislua.limiting import inspect
+from django_redislua.limiting.registry import get_policy
+from django_redislua.models import RedisLua
+
+if TYPE_CHECKING:
+    ModelAdmin = admin.ModelAdmin[RedisLua]
+else:  # ModelAdmin is generic only in django-stubs
+    ModelAdmin = admin.ModelAdmin
+
+
+def duration(seconds: float) -> str:
+    """A short readable duration: ``850 ms``, ``4.2 s``, ``42 s``, ``3 min 5 s``, ``2 h 10 min``."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes == 0:
+        return f"{secs} s"
+    if minutes < 60:
+        return _pair(minutes, "min", secs, "s")
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return _pair(hours, "h", minutes, "min")
+    days, hours = divmod(hours, 24)
+    return _pair(days, "d", hours, "h")
+
+
+def _pair(big: int, big_unit: str, small: int, small_unit: str) -> str:
+    return f"{big} {big_unit} {small} {small_unit}" if small else f"{big} {big_unit}"
+
+
+def relative(seconds: float) -> str:
+    """``in 42 s`` / ``3.2 s ago`` for an instant ``seconds`` away from now."""
+    if abs(seconds) < 0.001:
+        return "now"
+    return f"in {duration(seconds)}" if seconds > 0 else f"{duration(-seconds)} ago"
+
+
+def _key_row(state: inspect.KeyState) -> dict[str, Any]:
+    limit, remaining = state.limit, state.remaining
+    return {
+        "state": state,
+        "has_quota": limit is not None and remaining is not None,
+        "low": None if limit is None else limit / 4,
+        "high": None if limit is None else limit / 2,
+        "reset": None if state.reset_after is None else (
+            "full" if state.reset_after <= 0 else f"full {relative(state.reset_after)}"
+        ),
+        "ttl": "no expiry" if state.ttl is None else duration(state.ttl),
+        "fields": [
+            (name, value, relative(state.instants[name]) if name in state.instants else "")
+            for name, value in state.fields
+        ],
+    }
+
+
+def _policy_rows() -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for name, options in sorted(settings.POLICIES.items()):
+        try:
+            policy = get_policy(name)
+        except (KeyError, ValueError) as exc:
+            rows.append({"name": name, "error": str(exc)})
+            continue
+        rows.append({
+            "name": name,
+            "algorithm": policy.algorithm,
+            "rate": policy.rate_spec if policy.algorithm != "concurrency" else None,
+            "limit": policy.limit if not policy.is_dynamic else "per request",
+            "timeout": None if policy.timeout is None else duration(policy.timeout),
+            "key": options.get("key", "") if isinstance(options, dict) else "",
+        })
+    return rows
+
+
+@admin.register(RedisLua)
+class RedisLuaAdmin(ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: RedisLua | None = None) -> bool:
+        return False
+
+    def _name(self, page: str) -> str:
+        return f"{self.opts.app_label}_{self.opts.model_name}_{page}"
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("", wrap(self.keys_view), name=self._name("changelist")),
+            path("scripts/", wrap(self.scripts_view), name=self._name("scripts")),
+            path("reset/", wrap(self.reset_view), name=self._name("reset")),
+        ]
+
+    def _url(self, page: str, **query: str) -> str:
+        url = reverse(f"{self.admin_site.name}:{self._name(page)}")
+        query = {k: v for k, v in query.items() if v}
+        return f"{url}?{urlencode(query)}" if query else url
+
+    def _context(self, request: HttpRequest, title: str, tab: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": title,
+            "tab": tab,
+            "tabs": [
+                ("keys", "Rate-limit keys", self._url("changelist")),
+                ("scripts", "Scripts & servers", self._url("scripts")),
+            ],
+            "can_change": self.has_change_permission(request),
+            **extra,
+        }
+
+    def _require(self, request: HttpRequest, change: bool) -> None:
+        allowed = (self.has_change_permission(request) if change
+                   else self.has_view_or_change_permission(request))
+        if not allowed:
+            raise PermissionDenied
+
+    # -- pages ---------------------------------------------------------------------------------
+    def keys_view(self, request: HttpRequest) -> HttpResponse:
+        self._require(request, change=False)
+        search = request.GET.get("q", "").strip()
+        policy = request.GET.get("policy", "").strip() or None
+        cursor = request.GET.get("cursor", "")
+        page: inspect.KeyPage | None = None
+        nodes: list[inspect.NodeStatus] = []
+        try:
+            page = inspect.scan_keys(cursor, search=search, policy=policy)
+            nodes = inspect.server_status()
+        except ValueError as exc:
+            return HttpResponseBadRequest(str(exc))
+        except redis.RedisError as exc:
+            messages.error(request, f"Redis did not answer: {exc}")
+        return TemplateResponse(request, "admin/django_redislua/redislua/keys.html", self._context(
+            request, "Rate-limit keys", "keys",
+            page=page,
+            rows=[_key_row(s) for s in page.keys] if page else [],
+            nodes=nodes,
+            policies=_policy_rows(),
+            search=search,
+            policy=policy or "",
+            cursor=cursor,
+            first_url=self._url("changelist", q=search, policy=policy or ""),
+            more_url=self._url("changelist", q=search, policy=policy or "", cursor=page.cursor)
+            if page and page.cursor else None,
+            reset_url=self._url("reset"),
+            max_scan_calls=inspect.MAX_SCAN_CALLS,
+        ))
+
+    def scripts_view(self, request: HttpRequest) -> HttpResponse:
+        self._require(request, change=False)
+        from django_redislua.scripts import registry
+
+        nodes: list[inspect.NodeStatus] = []
+        try:
+            nodes = inspect.server_status()
+        except redis.RedisError as exc:
+            messages.error(request, f"Redis did not answer: {exc}")
+        scripts = [
+            # Plain values: the template engine would call a Script (it is callable).
+            {"name": name, "sha": script.sha,
+             "loaded": [node.scripts.get(name, False) for node in nodes]}
+            for name, script in sorted(registry.all().items())
+        ]
+        return TemplateResponse(request, "admin/django_redislua/redislua/scripts.html",
+                                self._context(request, "Scripts & servers", "scripts",
+                                              nodes=nodes, scripts=scripts))
+
+    # -- actions: GET = confirmation page, POST = do it ----------------------------------------
+    def reset_view(self, request: HttpRequest) -> HttpResponse:
+        self._require(request, change=True)
+        data = request.POST if request.method == "POST" else request.GET
+        key = data.get("key", "")
+        parts = inspect.parse_key(key)
+        if parts is None:
+            return HttpResponseBadRequest("not a rate-limit key of this app")
+        back = data.get("next", "")
+        if not back.startswith(self._url("changelist")):
+            back = self._url("changelist")
+        if request.method != "POST":
+            state = None
+            try:
+                page = inspect.scan_keys(search=key)
+                state = page.keys[0] if page.keys else None
+            except redis.RedisError as exc:
+                messages.error(request, f"Redis did not answer: {exc}")
+            return TemplateResponse(
+                request, "admin/django_redislua/redislua/confirm.html",
+                self._context(
+                    request, "Reset a rate-limit key?", "keys", action="reset", target=key,
+                    row=_key_row(state) if state else None, policy_name=parts[0],
+                    identity=parts[2], back=back, action_url=self._url("reset"),
+                ),
+            )
+        try:
+            deleted = inspect.reset_key(key)
+        except redis.RedisError as exc:
+            messages.error(request, f"Redis did not answer: {exc}; {key} was not reset.")
+            return HttpResponseRedirect(back)
+        if deleted:
+            self.log_change(request, RedisLua(key=key),
+                            f"Reset rate-limit key {key} (policy {parts[0]}, identity {parts[2]}).")
+            messages.success(request, f"Reset {key}: the next request starts from a full quota.")
+        else:
+            messages.warning(request, f"{key} was already gone (expired or reset).")
+        return HttpResponseRedirect(back)

@@ -1,0 +1,11 @@
+"""URLs for the admin page's tests: the admin and one rate-limited view, nothing else."""
+
+from django.contrib import admin
+from django.urls import path
+
+from tests.testapp.admin_views import limited
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("limited/", limited, name="limited"),
+]
