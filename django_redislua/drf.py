@@ -1,0 +1,320 @@
+"""Django REST framework throttles decided by the rate-limit engine: one Redis round trip each.
+
+``AnonRateThrottle``, ``UserRateThrottle`` and ``ScopedRateThrottle`` are configured like DRF's
+classes of the same names (``DEFAULT_THROTTLE_RATES``, ``scope``/``throttle_scope``,
+``NUM_PROXIES``, ``get_cache_key``, ``rate``, ``timer``) and decide as DRF's sliding history does,
+but the read-check-append is one Lua script (``sliding_log``) timed by the Redis server clock, so
+concurrent requests cannot all read the same history and all pass. ``PolicyThrottle`` applies
+``REDISLUA["POLICIES"]`` named by ``throttle_policy`` on the view, with any algorithm.
+
+Rates are read from ``api_settings`` on every request (DRF reloads it on ``setting_changed``), so
+``override_settings(REST_FRAMEWORK=...)`` takes effect at once. Each decision is appended to
+``request.ratelimit`` and its rate-limit headers are put in ``view.headers``, which DRF copies onto
+the response in ``finalize_response``, allowed or throttled; ``Retry-After`` stays DRF's own, from
+``wait()``. If Redis cannot be reached the throttle returns ``REDISLUA["FAIL_OPEN"]``.
+
+This is the only module that imports ``rest_framework``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import redis
+from django.core.exceptions import ImproperlyConfigured
+
+try:
+    from rest_framework.request import Request
+    from rest_framework.settings import api_settings
+    from rest_framework.throttling import BaseThrottle
+    from rest_framework.views import APIView
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess without DRF
+    raise ImportError(
+        "django_redislua.drf needs Django REST framework: pip install django-redislua[drf]"
+    ) from exc
+
+from django_redislua.conf import settings
+from django_redislua.headers import rate_limit_headers
+from django_redislua.keys import key_function
+from django_redislua.limiting import Decision, Policy, evaluate, get_policy, parse_rate
+from django_redislua.limiting.engine import Check
+from django_redislua.limiting.rates import RateError
+from django_redislua.signals import rate_limited
+
+__all__ = [
+    "AnonRateThrottle",
+    "PolicyThrottle",
+    "ScopedRateThrottle",
+    "SimpleRateThrottle",
+    "UserRateThrottle",
+]
+
+logger = logging.getLogger("django_redislua")
+
+
+def _decide(
+    throttle: BaseThrottle, request: Request, view: APIView | None, checks: Sequence[Check],
+    now_us: int | None = None,
+) -> list[Decision] | None:
+    """Decide ``checks`` in one script call and record them; None when Redis failed."""
+    try:
+        decisions = evaluate(checks, now_us=now_us)
+    except redis.RedisError:
+        logger.warning(
+            "Redis unavailable for DRF throttling; %s the request (REDISLUA['FAIL_OPEN'] = %s)",
+            "allowing" if settings.FAIL_OPEN else "denying", settings.FAIL_OPEN, exc_info=True,
+        )
+        return None
+    recorded = [*getattr(request, "ratelimit", ()), *decisions]
+    request.ratelimit = recorded  # type: ignore[attr-defined]
+    if view is not None and isinstance(getattr(view, "headers", None), dict):
+        headers = rate_limit_headers(recorded)
+        # DRF sets Retry-After itself from the largest wait() of every throttle on the view.
+        headers.pop("Retry-After", None)
+        view.headers.update(headers)
+    for decision in decisions:
+        if not decision.allowed:
+            rate_limited.send(type(throttle), request=request, decision=decision)
+    return decisions
+
+
+@functools.lru_cache(maxsize=512)
+def _sliding_log(name: str, rate: str) -> Policy:
+    return Policy(name, rate=rate, algorithm="sliding_log")
+
+
+class SimpleRateThrottle(BaseThrottle):
+    """DRF's ``SimpleRateThrottle``, atomic: subclass it and override :meth:`get_cache_key`.
+
+    ``THROTTLE_RATES = None`` (the default) reads ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]``
+    live; a subclass may set its own dict, or a fixed ``rate``. A ``timer`` other than
+    ``time.time`` (tests do this) is sent to the script as "now" instead of the server clock.
+    """
+
+    scope: str | None = None
+    THROTTLE_RATES: dict[str, str | None] | None = None
+    cache_format = "throttle_%(scope)s_%(ident)s"
+    timer: Callable[[], float] = time.time
+    rate: str | None
+
+    def __init__(self) -> None:
+        if not getattr(self, "rate", None):
+            self.rate = self.get_rate()
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+        self.key: str | None = None
+        self.decision: Decision | None = None
+
+    def get_cache_key(self, request: Request, view: APIView) -> str | None:
+        """The identity to throttle by; None = do not throttle this request."""
+        raise NotImplementedError(".get_cache_key() must be overridden")
+
+    def get_rate(self) -> str | None:
+        scope = self.scope
+        if not scope:
+            raise ImproperlyConfigured(
+                f"You must set either `.scope` or `.rate` for '{type(self).__name__}' throttle"
+            )
+        rates: Mapping[str, object]
+        if self.THROTTLE_RATES is None:
+            rates = api_settings.DEFAULT_THROTTLE_RATES  # read live: DRF reloads it on change
+        else:
+            rates = self.THROTTLE_RATES
+        try:
+            rate = rates[scope]
+        except KeyError:
+            msg = f"No default throttle rate set for '{scope}' scope"
+            raise ImproperlyConfigured(msg) from None
+        if rate is not None and not isinstance(rate, str):
+            raise ImproperlyConfigured(
+                f"The throttle rate of scope '{scope}' must be a string such as '100/day' or None, "
+                f"not {rate!r}"
+            )
+        return rate
+
+    def parse_rate(self, rate: str | None) -> tuple[int | None, float | None]:
+        """``(requests, seconds)``; every rate form of the engine ("5/10s", "100/day", ...)."""
+        if rate is None:
+            return (None, None)
+        try:
+            parsed = parse_rate(rate)
+        except RateError as exc:
+            raise ImproperlyConfigured(
+                f"{type(self).__name__} (scope {self.scope!r}): throttle rate {rate!r}: {exc}"
+            ) from None
+        return (parsed.count, parsed.period)
+
+    def get_policy(self) -> Policy:
+        """The sliding_log policy for this scope and rate (its name keys the Redis state)."""
+        assert self.rate is not None
+        return _sliding_log(self.scope or type(self).__name__, self.rate)
+
+    def allow_request(self, request: Request, view: APIView) -> bool:
+        self.decision = None
+        if self.rate is None:
+            return True
+        self.key = self.get_cache_key(request, view)
+        if self.key is None:
+            return True
+        now_us = None if self.timer is time.time else round(self.timer() * 1_000_000)
+        decisions = _decide(self, request, view, [(self.get_policy(), self.key, 1)], now_us)
+        if decisions is None:
+            return settings.FAIL_OPEN
+        self.decision = decisions[0]
+        return self.decision.allowed
+
+    def wait(self) -> float | None:
+        """Seconds until a request would be admitted: after a denial, what DRF computes.
+
+        DRF gives None when the history holds more requests than the rate now allows (the rate
+        was lowered); this gives the exact time until enough of them have aged out. 0.0 after an
+        admitted request; None when Redis could not be asked.
+        """
+        return None if self.decision is None else self.decision.retry_after
+
+
+class AnonRateThrottle(SimpleRateThrottle):
+    """Anonymous requests, by client address (``get_ident``, ``NUM_PROXIES``); scope ``anon``."""
+
+    scope = "anon"
+
+    def get_cache_key(self, request: Request, view: APIView) -> str | None:
+        if request.user and request.user.is_authenticated:
+            return None  # Only throttle unauthenticated requests.
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+class UserRateThrottle(SimpleRateThrottle):
+    """By user id when authenticated, else by client address; scope ``user``."""
+
+    scope = "user"
+
+    def get_cache_key(self, request: Request, view: APIView) -> str | None:
+        if request.user and request.user.is_authenticated:
+            ident: Any = request.user.pk
+        else:
+            ident = self.get_ident(request)
+        return self.cache_format % {"scope": self.scope, "ident": ident}
+
+
+class ScopedRateThrottle(SimpleRateThrottle):
+    """Views with ``throttle_scope = "name"`` get the rate of that scope, per user or address."""
+
+    scope_attr = "throttle_scope"
+
+    def __init__(self) -> None:
+        # The scope, hence the rate, is known only once the view calls allow_request.
+        self.key = None
+        self.decision = None
+
+    def allow_request(self, request: Request, view: APIView) -> bool:
+        self.scope = getattr(view, self.scope_attr, None)
+        if not self.scope:
+            self.decision = None
+            return True
+        self.rate = self.get_rate()
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+        return super().allow_request(request, view)
+
+    def get_cache_key(self, request: Request, view: APIView) -> str | None:
+        if request.user and request.user.is_authenticated:
+            ident: Any = request.user.pk
+        else:
+            ident = self.get_ident(request)
+        return self.cache_format % {"scope": self.scope, "ident": ident}
+
+
+class PolicyThrottle(BaseThrottle):
+    """Applies ``REDISLUA["POLICIES"]`` named by the view's ``throttle_policy`` (a name or a list).
+
+    Each policy's ``key``, ``methods``, ``cost`` and callable ``rate`` apply as with the
+    decorator, and its state is the same Redis key, so a policy shared by a decorated view and an
+    API view is one budget. Several policies are decided by one script call, all-or-nothing. A
+    concurrency slot is released when DRF finalizes the response (or lets an exception escape).
+    """
+
+    policy_attr = "throttle_policy"
+
+    def __init__(self) -> None:
+        self.decisions: list[Decision] = []
+
+    def get_checks(self, request: Request, view: APIView) -> list[Check]:
+        names = getattr(view, self.policy_attr, None) or ()
+        if isinstance(names, str):
+            names = [names]
+        checks: list[Check] = []
+        for name in names:
+            policy = get_policy(name)
+            if policy.methods is not None and request.method not in policy.methods:
+                continue
+            identity = key_function(policy.key)(request)
+            if identity is None:
+                continue
+            if policy.is_dynamic:
+                rate = policy.rate_for(request)
+                if rate is None:
+                    continue
+                policy = policy.with_rate(rate)
+            checks.append((policy, identity, policy.cost))
+        return checks
+
+    def allow_request(self, request: Request, view: APIView) -> bool:
+        self.decisions = []
+        checks = self.get_checks(request, view)
+        if not checks:
+            return True
+        decisions = _decide(self, request, view, checks)
+        if decisions is None:
+            return settings.FAIL_OPEN
+        self.decisions = decisions
+        held = [d for d in decisions if d.lease is not None]
+        if held:
+            _release_when_done(view, held)
+        return all(d.allowed for d in decisions)
+
+    def wait(self) -> float | None:
+        return max((d.retry_after for d in self.decisions if not d.allowed), default=None)
+
+
+def _release_when_done(view: APIView, held: list[Decision]) -> None:
+    """Release ``held`` concurrency slots as this view (one instance per request) finishes.
+
+    DRF ends every request in ``finalize_response``, or in ``raise_uncaught_exception`` when no
+    exception handler produced a response; both are wrapped on this instance only.
+    """
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if released:
+            return
+        released = True
+        for decision in held:
+            try:
+                decision.policy.release(decision.key, decision)
+            except redis.RedisError:
+                logger.warning(
+                    "could not release a %r slot; its lease expires in %ss",
+                    decision.policy.name, decision.policy.timeout, exc_info=True,
+                )
+
+    finalize_response = view.finalize_response
+    raise_uncaught_exception = view.raise_uncaught_exception
+
+    def finalize_and_release(request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return finalize_response(request, response, *args, **kwargs)
+        finally:
+            release()
+
+    def raise_and_release(exc: Exception) -> Any:
+        try:
+            raise_uncaught_exception(exc)
+        finally:
+            release()
+
+    view.finalize_response = finalize_and_release  # type: ignore[method-assign]
+    view.raise_uncaught_exception = raise_and_release  # type: ignore[method-assign]
