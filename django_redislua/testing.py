@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import redis
 
@@ -264,11 +265,11 @@ class RedisSentinelServers:
             f"sentinel monitor {self.service_name} 127.0.0.1 {self.primary.port} 1\n"
         )
         # A sentinel takes its config file first and rewrites it, so it is started by hand.
-        sentinel.process = subprocess.Popen(  # noqa: S603
+        sentinel.process = subprocess.Popen(
             [sentinel.binary, str(config), "--sentinel", "--dir", sentinel.workdir],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         self.sentinel = sentinel
         atexit.register(sentinel.stop)
@@ -343,7 +344,7 @@ class CommandRecorder:
 
     def __init__(self, client: redis.Redis) -> None:
         given = client.connection_pool.connection_kwargs
-        kwargs = {
+        kwargs: dict[str, Any] = {
             k: given[k]
             for k in ("host", "port", "path", "db", "username", "password")
             if k in given
