@@ -1,13 +1,17 @@
 """Rate-limit response headers from Decisions: IETF RateLimit / RateLimit-Policy, legacy
 X-RateLimit-*, and Retry-After. Shared by the decorator, the middleware and the DRF throttles.
 
-IETF form (draft-ietf-httpapi-ratelimit-headers, structured fields)::
+IETF form (draft-ietf-httpapi-ratelimit-headers-10, Structured Field Lists of Items, one item
+per policy, the item a String naming the policy)::
 
-    RateLimit-Policy: "login";q=5;w=60
-    RateLimit: "login";r=0;t=42
+    RateLimit-Policy: "login";q=5;w=60, "api";q=20;w=12
+    RateLimit: "login";r=0;t=42, "api";r=19;t=1
 
-The header describes the policy closest to denying (the least remaining), as the draft asks for
-one quota-unit view per response; every policy is listed in RateLimit-Policy.
+``q`` is the quota (the Decision's ``limit``), ``w`` the window in seconds (omitted for
+concurrency policies, which have no window), ``r`` what remains and ``t`` the whole seconds
+until the quota is full again. The legacy ``X-RateLimit-Limit/Remaining/Reset`` headers can
+describe one policy only: the one closest to denying (least remaining) speaks for the response.
+``X-RateLimit-Reset`` is in seconds from now, not an epoch time.
 """
 
 from __future__ import annotations
@@ -16,31 +20,41 @@ import math
 from collections.abc import Sequence
 
 from django_redislua.conf import settings
-from django_redislua.limiting.policy import Decision
+from django_redislua.limiting.policy import WINDOW_ALGORITHMS, Decision
 
 
-def _window_seconds(decision: Decision) -> int:
+def _window_seconds(decision: Decision) -> int | None:
     policy = decision.policy
-    if policy.rate is not None and policy.algorithm in ("fixed_window", "sliding_log", "sliding_window"):
+    if policy.rate is None:  # concurrency: a count of requests in flight, not a rate
+        return None
+    if policy.algorithm in WINDOW_ALGORITHMS:
         return max(1, math.ceil(policy.rate.period))
-    if policy.rate is not None:  # buckets: the time a full burst takes to refill
-        return max(1, math.ceil(policy.param * policy.limit / 1_000_000))
-    return max(1, math.ceil(policy.timeout or 1))
+    # Buckets: the time an empty bucket takes to refill to its capacity.
+    return max(1, math.ceil(policy.param * policy.limit / 1_000_000))
 
 
 def _sf_string(name: str) -> str:
-    safe = "".join(c for c in name if 0x20 <= ord(c) < 0x7F and c not in '"\\')
-    return f'"{safe}"'
+    """A Structured Field String: printable ASCII, with backslash and quote escaped."""
+    printable = "".join(c for c in name if 0x20 <= ord(c) < 0x7F)
+    return '"' + printable.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def retry_after_seconds(decisions: Sequence[Decision]) -> int:
     """Whole seconds to wait, rounded up so it is never earlier than the true wait."""
-    wait = max((d.retry_after for d in decisions if not d.allowed), default=0.0)
-    return max(1, math.ceil(wait)) if any(not d.allowed for d in decisions) else 0
+    waits = [d.retry_after for d in decisions if not d.allowed]
+    if not waits:
+        return 0
+    return max(1, math.ceil(max(waits)))
 
 
-def rate_limit_headers(decisions: Sequence[Decision], mode: str | None = "settings") -> dict[str, str]:
-    """The headers for a response decided by ``decisions`` (empty list: no headers)."""
+def rate_limit_headers(
+    decisions: Sequence[Decision], mode: str | None = "settings"
+) -> dict[str, str]:
+    """The headers for a response decided by ``decisions`` (empty list: no headers).
+
+    ``mode`` is ``"ietf"``, ``"legacy"``, ``"both"`` or None; by default ``REDISLUA["HEADERS"]``.
+    ``Retry-After`` is set whenever a decision denied, whatever the mode.
+    """
     if mode == "settings":
         mode = settings.HEADERS
     headers: dict[str, str] = {}
@@ -51,18 +65,22 @@ def rate_limit_headers(decisions: Sequence[Decision], mode: str | None = "settin
         headers["Retry-After"] = str(retry_after_seconds(decisions))
     if mode is None:
         return headers
-    # The policy nearest to denying speaks for the response.
-    tightest = min(denied or decisions, key=lambda d: (d.remaining, -d.reset_after))
-    reset = max(0, math.ceil(tightest.reset_after))
     if mode in ("ietf", "both"):
-        headers["RateLimit-Policy"] = ", ".join(
-            f"{_sf_string(d.policy.name)};q={d.limit};w={_window_seconds(d)}" for d in decisions
-        )
-        headers["RateLimit"] = (
-            f"{_sf_string(tightest.policy.name)};r={max(0, tightest.remaining)};t={reset}"
+        items = []
+        for d in decisions:
+            window = _window_seconds(d)
+            items.append(f"{_sf_string(d.policy.name)};q={d.limit}"
+                         + ("" if window is None else f";w={window}"))
+        headers["RateLimit-Policy"] = ", ".join(items)
+        headers["RateLimit"] = ", ".join(
+            f"{_sf_string(d.policy.name)};r={max(0, d.remaining)}"
+            f";t={max(0, math.ceil(d.reset_after))}"
+            for d in decisions
         )
     if mode in ("legacy", "both"):
+        # The policy nearest to denying speaks for the response.
+        tightest = min(denied or decisions, key=lambda d: (d.remaining, -d.reset_after))
         headers["X-RateLimit-Limit"] = str(tightest.limit)
         headers["X-RateLimit-Remaining"] = str(max(0, tightest.remaining))
-        headers["X-RateLimit-Reset"] = str(reset)
+        headers["X-RateLimit-Reset"] = str(max(0, math.ceil(tightest.reset_after)))
     return headers

@@ -8,6 +8,7 @@ key means "not limited". Values are bounded before they reach a Redis key (see
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Callable
 from typing import Any
@@ -23,29 +24,46 @@ PARAM_KEYS = ("header", "get", "post")
 DEFAULT_KEY = "user_or_ip"
 
 
+def _parse_address(raw: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An address from ``1.2.3.4``, ``1.2.3.4:567``, ``::1``, ``[::1]:567`` or ``fe80::1%eth0``."""
+    raw = raw.strip()
+    if not raw or len(raw) > 64:
+        return None
+    if raw.startswith("["):  # [v6] or [v6]:port
+        raw = raw[1:].partition("]")[0]
+    elif raw.count(":") == 1:  # v4:port
+        raw = raw.partition(":")[0]
+    raw = raw.partition("%")[0]  # an IPv6 zone names an interface of ours, not the client
+    try:
+        address = ipaddress.ip_address(raw)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        return address.ipv4_mapped
+    return address
+
+
 def client_ip(request: HttpRequest) -> str | None:
     """The client's address, masked to its network (``IPV4_MASK``/``IPV6_MASK``).
 
     With ``TRUSTED_PROXIES = N`` the address is the Nth entry from the right of
     ``X-Forwarded-For`` (each trusted proxy appends the peer it saw); entries to the left of it
-    are client-supplied and never trusted. Missing or malformed addresses give None.
+    are client-supplied and never trusted. With fewer than N entries the request did not come
+    through the proxies, so ``REMOTE_ADDR`` (the real peer) is used. Missing or malformed
+    addresses give None.
     """
     proxies = settings.TRUSTED_PROXIES
-    raw: str | None
+    raw = request.META.get("REMOTE_ADDR")
     if proxies > 0:
-        forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
-        hops = [h.strip() for h in forwarded.split(",") if h.strip()]
-        raw = hops[-proxies] if len(hops) >= proxies else None
-    else:
-        raw = request.META.get("REMOTE_ADDR")
-    if not raw or len(raw) > 64:
+        forwarded = str(request.META.get("HTTP_X_FORWARDED_FOR", ""))[:4096]
+        hops = [h for h in forwarded.split(",") if h.strip()]
+        if len(hops) >= proxies:
+            raw = hops[-proxies]
+    if not isinstance(raw, str):
         return None
-    try:
-        address = ipaddress.ip_address(raw.strip("[]"))
-    except ValueError:
+    address = _parse_address(raw)
+    if address is None:
         return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        address = address.ipv4_mapped
     if isinstance(address, ipaddress.IPv4Address):
         prefix = settings.IPV4_MASK
     else:
@@ -98,8 +116,14 @@ def key_function(spec: Any) -> KeyFunc:
         spec = DEFAULT_KEY
     if callable(spec):
         return spec  # type: ignore[no-any-return]
-    if not isinstance(spec, str):
-        raise PolicyError("redislua.E008", f"key {spec!r} is not a key type, callable or dotted path")
+    if isinstance(spec, str):
+        return _key_function_for_string(spec)
+    raise PolicyError("redislua.E008", f"key {spec!r} is not a key type, callable or dotted path")
+
+
+@functools.lru_cache(maxsize=512)
+def _key_function_for_string(spec: str) -> KeyFunc:
+    # Cached: the decorator and middleware resolve their key on every request.
     if spec in _NAMED:
         return _NAMED[spec]
     kind, sep, name = spec.partition(":")

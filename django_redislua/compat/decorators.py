@@ -1,0 +1,69 @@
+"""django-ratelimit's ``@ratelimit(group, key, rate, method, block)`` on this engine."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
+
+from asgiref.sync import iscoroutinefunction
+from django.conf import settings as django_settings
+from django.http import HttpRequest
+from django.utils.module_loading import import_string
+
+from django_redislua.compat.core import ALL, UNSAFE, Usage, aget_usage, get_usage
+from django_redislua.compat.exceptions import Ratelimited
+
+ViewT = TypeVar("ViewT", bound=Callable[..., Any])
+
+
+def _raise(usage: Usage) -> None:
+    configured = getattr(django_settings, "RATELIMIT_EXCEPTION_CLASS", None)
+    if configured is None:
+        decision = usage.get("decision")
+        raise Ratelimited([decision] if decision is not None else [])
+    cls = import_string(configured) if isinstance(configured, str) else configured
+    raise cls()
+
+
+def _record(request: HttpRequest, usage: Usage | None) -> bool:
+    limited = bool(usage and usage["should_limit"])
+    request.limited = limited or getattr(request, "limited", False)  # type: ignore[attr-defined]
+    return limited
+
+
+def ratelimit(
+    group: str | None = None, key: Any = None, rate: Any = None,
+    method: Sequence[str] | str | tuple[None] = ALL, block: bool = True,
+) -> Callable[[ViewT], ViewT]:
+    """Count the request; over the limit: raise ``Ratelimited`` (block) or set ``request.limited``.
+
+    As in django-ratelimit, each decorator counts on its own (stacked ones are not combined;
+    use :func:`django_redislua.decorators.ratelimit` for one all-or-nothing call).
+    """
+
+    def decorator(fn: ViewT) -> ViewT:
+        if iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def awrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+                usage = await aget_usage(request, group, fn, key, rate, method, increment=True)
+                if _record(request, usage) and block and usage is not None:
+                    _raise(usage)
+                return await fn(request, *args, **kwargs)
+
+            return cast(ViewT, awrapped)
+
+        @functools.wraps(fn)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            usage = get_usage(request, group, fn, key, rate, method, increment=True)
+            if _record(request, usage) and block and usage is not None:
+                _raise(usage)
+            return fn(request, *args, **kwargs)
+
+        return cast(ViewT, wrapped)
+
+    return decorator
+
+
+ratelimit.ALL = ALL  # type: ignore[attr-defined]
+ratelimit.UNSAFE = UNSAFE  # type: ignore[attr-defined]

@@ -1,0 +1,37 @@
+from django.urls import path
+
+from tests.testapp import ratelimit_views as v
+
+urlpatterns = [
+    path("ok/", v.ok, name="rl-ok"),
+    path("api/ok/", v.ok, name="rl-api-ok"),
+    path("named/", v.ok, name="rl-named"),
+    path("inline/", v.inline),
+    path("login/", v.login),
+    path("post-only/", v.post_only),
+    path("by-header/", v.by_header),
+    path("by-get/", v.by_get),
+    path("by-post/", v.by_post),
+    path("by-user/", v.by_user),
+    path("by-user-or-ip/", v.by_user_or_ip),
+    path("by-callable-key/", v.by_callable_key),
+    path("by-dotted-key/", v.by_dotted_key),
+    path("callable-rate/", v.callable_rate),
+    path("dotted-rate/", v.dotted_rate),
+    path("not-blocking/", v.not_blocking),
+    path("stacked/", v.stacked),
+    path("stacked-through/", v.stacked_through),
+    path("async/", v.async_view),
+    path("async-stacked/", v.async_stacked),
+    path("concurrency/", v.concurrency),
+    path("concurrency-stream/", v.concurrency_stream),
+    path("concurrency-async/", v.concurrency_async),
+    path("raises/", v.raises_rate_limited),
+    path("cbv/class/", v.ClassDecorated.as_view()),
+    path("cbv/class-stacked/", v.ClassStacked.as_view()),
+    path("cbv/method/", v.MethodDecorated.as_view()),
+    path("cbv/method-stacked/", v.MethodDecoratorStacked.as_view()),
+    path("cbv/async/", v.AsyncClassDecorated.as_view()),
+    path("compat/", v.compat_view),
+    path("compat/not-blocking/", v.compat_not_blocking),
+]
