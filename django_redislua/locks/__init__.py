@@ -2,6 +2,25 @@
 ``run_once`` and ``single_flight``. Every state change is one Lua script; waiters are woken by
 pub/sub on release, never by a polling loop."""
 
+from django_redislua.locks.coordination import (
+    RunInProgress,
+    asingle_flight,
+    run_once,
+    single_flight,
+    singleton,
+)
 from django_redislua.locks.lock import Lock, LockError, LockNotAcquired, LockNotOwned
+from django_redislua.locks.semaphore import Semaphore
 
-__all__ = ["Lock", "LockError", "LockNotAcquired", "LockNotOwned"]
+__all__ = [
+    "Lock",
+    "LockError",
+    "LockNotAcquired",
+    "LockNotOwned",
+    "RunInProgress",
+    "Semaphore",
+    "asingle_flight",
+    "run_once",
+    "single_flight",
+    "singleton",
+]

@@ -44,7 +44,7 @@ def _is(message: Any, kind: str) -> bool:
 def wait_until(channel: str, attempt: Attempt, timeout: float | None) -> bool:
     """Retry ``attempt`` on every wake-up until it succeeds (True) or ``timeout`` passes (False)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    pubsub = get_client().pubsub()
+    pubsub = get_client().pubsub()  # type: ignore[no-untyped-call]
     try:
         pubsub.subscribe(channel)
         confirm_by = time.monotonic() + _SUBSCRIBE_CONFIRM
@@ -97,4 +97,4 @@ async def await_until(channel: str, attempt: AsyncAttempt, timeout: float | None
                 if time.monotonic() >= wake_at:
                     break
     finally:
-        await pubsub.aclose()
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
