@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import signal
@@ -96,7 +97,7 @@ def test_fencing_tokens_strictly_increase_across_1000_acquisitions(r: redis.Redi
     _run(_record_tokens, (250,), processes=4, limit=240)
     tokens = [int(t) for t in r.lrange("tokens", 0, -1)]
     assert len(tokens) == 1000
-    assert all(a < b for a, b in zip(tokens, tokens[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(tokens))
     assert tokens == list(range(1, 1001))
 
 
@@ -116,8 +117,9 @@ get_client().set("holder-done", 1)
 """
 
 
-def _start_holder(r: redis.Redis, timeout: float, renew: bool, work: float) -> subprocess.Popen[bytes]:
-    holder = subprocess.Popen(  # noqa: S603
+def _start_holder(r: redis.Redis, timeout: float, renew: bool,
+                  work: float) -> subprocess.Popen[bytes]:
+    holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(timeout), "renew" if renew else "plain", str(work)],
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )
