@@ -65,3 +65,8 @@ REDISLUA = {
         "export": {"algorithm": "concurrency", "limit": 2, "key": "user", "timeout": "10m"},
     },
 }
+
+# django_redislua.drf throttles (example_project/demo/api.py); rates read live, any engine rate form.
+REST_FRAMEWORK = {
+    "DEFAULT_THROTTLE_RATES": {"anon": "20/h", "user": "100/day", "burst": "5/10s"},
+}
