@@ -66,7 +66,7 @@ REDISLUA = {
     },
 }
 
-# django_redislua.drf throttles (example_project/demo/api.py); rates read live, any engine rate form.
+# Rates of the django_redislua.drf throttles in demo/api.py (read live; any engine rate form).
 REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {"anon": "20/h", "user": "100/day", "burst": "5/10s"},
 }
