@@ -235,3 +235,27 @@ def test_scan_locks_counts_waiters_and_force_release_wakes_them() -> None:
     for thread in threads:
         thread.join(5)
     assert results == [True, True]
+
+
+def test_redislua_locks_command_lists_and_releases() -> None:
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    out = StringIO()
+    call_command("redislua_locks", stdout=out)
+    assert out.getvalue().strip() == "no locks held"
+    lock = Lock("cmd:job", timeout=30)
+    lock.acquire()
+    out = StringIO()
+    call_command("redislua_locks", stdout=out)
+    header, row = out.getvalue().strip().splitlines()
+    assert header.split() == ["NAME", "OWNER", "TTL", "TOKEN", "COUNT", "WAITERS"]
+    assert row.split()[:2] == ["cmd:job", lock.owner]
+    assert row.split()[3:] == ["1", "1", "0"]
+    out = StringIO()
+    call_command("redislua_locks", release="cmd:job", stdout=out)
+    assert "released cmd:job" in out.getvalue()
+    assert not lock.locked()
+    with pytest.raises(CommandError):
+        call_command("redislua_locks", release="cmd:job")
