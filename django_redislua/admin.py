@@ -67,7 +67,7 @@ def _key_row(state: inspect.KeyState) -> dict[str, Any]:
         "low": None if limit is None else limit / 4,
         "high": None if limit is None else limit / 2,
         "reset": None if state.reset_after is None else (
-            "full" if state.reset_after <= 0 else f"full {relative(state.reset_after)}"
+            "now" if state.reset_after <= 0 else relative(state.reset_after)
         ),
         "ttl": "no expiry" if state.ttl is None else duration(state.ttl),
         "fields": [
