@@ -139,8 +139,9 @@ def run_step(
     if committed:
         for key, ttl_us in zip(keys, ttls, strict=True):
             assert ttl_us is not None
-            # PTTL is read in the same transaction; allow a few ms of server time passing.
-            assert expected_pttl_ms(ttl_us) - 5 <= tx.pttls[key] <= expected_pttl_ms(ttl_us)
+            # PTTL is read in the same transaction, but a loaded machine can stall the server
+            # between commands; the upper bound is the exact one.
+            assert expected_pttl_ms(ttl_us) - 250 <= tx.pttls[key] <= expected_pttl_ms(ttl_us)
     else:
         # peek, or denied by some policy: nothing written anywhere, TTLs untouched.
         assert snapshot(client, keys) == before
