@@ -11,7 +11,8 @@ Rates are read from ``api_settings`` on every request (DRF reloads it on ``setti
 ``override_settings(REST_FRAMEWORK=...)`` takes effect at once. Each decision is appended to
 ``request.ratelimit`` and its rate-limit headers are put in ``view.headers``, which DRF copies onto
 the response in ``finalize_response``, allowed or throttled; ``Retry-After`` stays DRF's own, from
-``wait()``. If Redis cannot be reached the throttle returns ``REDISLUA["FAIL_OPEN"]``.
+``wait()``. If Redis cannot be reached the request is admitted (``REDISLUA["FAIL_OPEN"]``) or
+answered 503 (:class:`RateLimiterUnavailable`), never 500.
 
 This is the only module that imports ``rest_framework``.
 """
@@ -19,7 +20,6 @@ This is the only module that imports ``rest_framework``.
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -28,6 +28,7 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 
 try:
+    from rest_framework.exceptions import APIException
     from rest_framework.request import Request
     from rest_framework.settings import api_settings
     from rest_framework.throttling import BaseThrottle
@@ -38,8 +39,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
     ) from exc
 
 from django_redislua.conf import settings
+from django_redislua.decorators import report_outage, rule_for_policy
 from django_redislua.headers import rate_limit_headers
-from django_redislua.keys import key_function
 from django_redislua.limiting import Decision, Policy, evaluate, get_policy, parse_rate
 from django_redislua.limiting.engine import Check
 from django_redislua.limiting.rates import RateError
@@ -48,27 +49,37 @@ from django_redislua.signals import rate_limited
 __all__ = [
     "AnonRateThrottle",
     "PolicyThrottle",
+    "RateLimiterUnavailable",
     "ScopedRateThrottle",
     "SimpleRateThrottle",
     "UserRateThrottle",
 ]
 
-logger = logging.getLogger("django_redislua")
+
+
+class RateLimiterUnavailable(APIException):
+    """Redis failed and ``REDISLUA["FAIL_OPEN"]`` is False: 503, as the decorator answers."""
+
+    status_code = 503
+    default_detail = "Service unavailable: the rate limiter cannot be reached."
+    default_code = "rate_limiter_unavailable"
 
 
 def _decide(
     throttle: BaseThrottle, request: Request, view: APIView | None, checks: Sequence[Check],
     now_us: int | None = None,
 ) -> list[Decision] | None:
-    """Decide ``checks`` in one script call and record them; None when Redis failed."""
+    """Decide ``checks`` in one script call and record them.
+
+    Redis failing: None (admit) with ``FAIL_OPEN``, else :class:`RateLimiterUnavailable` (503).
+    """
     try:
         decisions = evaluate(checks, now_us=now_us)
-    except redis.RedisError:
-        logger.warning(
-            "Redis unavailable for DRF throttling; %s the request (REDISLUA['FAIL_OPEN'] = %s)",
-            "allowing" if settings.FAIL_OPEN else "denying", settings.FAIL_OPEN, exc_info=True,
-        )
-        return None
+    except redis.RedisError as exc:
+        report_outage(exc)  # one warning a minute, not one per request
+        if settings.FAIL_OPEN:
+            return None
+        raise RateLimiterUnavailable from exc
     recorded = [*getattr(request, "ratelimit", ()), *decisions]
     request.ratelimit = recorded  # type: ignore[attr-defined]
     if view is not None and isinstance(getattr(view, "headers", None), dict):
@@ -162,7 +173,7 @@ class SimpleRateThrottle(BaseThrottle):
         now_us = None if self.timer is time.time else round(self.timer() * 1_000_000)
         decisions = _decide(self, request, view, [(self.get_policy(), self.key, 1)], now_us)
         if decisions is None:
-            return settings.FAIL_OPEN
+            return True  # FAIL_OPEN
         self.decision = decisions[0]
         return self.decision.allowed
 
@@ -171,7 +182,7 @@ class SimpleRateThrottle(BaseThrottle):
 
         DRF gives None when the history holds more requests than the rate now allows (the rate
         was lowered); this gives the exact time until enough of them have aged out. 0.0 after an
-        admitted request; None when Redis could not be asked.
+        admitted request; None when Redis could not be asked (FAIL_OPEN admitted the request).
         """
         return None if self.decision is None else self.decision.retry_after
 
@@ -247,18 +258,10 @@ class PolicyThrottle(BaseThrottle):
             names = [names]
         checks: list[Check] = []
         for name in names:
-            policy = get_policy(name)
-            if policy.methods is not None and request.method not in policy.methods:
-                continue
-            identity = key_function(policy.key)(request)
-            if identity is None:
-                continue
-            if policy.is_dynamic:
-                rate = policy.rate_for(request)
-                if rate is None:
-                    continue
-                policy = policy.with_rate(rate)
-            checks.append((policy, identity, policy.cost))
+            # The decorator's rule: methods, callable rate, key; the same identity, same state.
+            check = rule_for_policy(get_policy(name)).check(request)
+            if check is not None:
+                checks.append(check)
         return checks
 
     def allow_request(self, request: Request, view: APIView) -> bool:
@@ -268,7 +271,7 @@ class PolicyThrottle(BaseThrottle):
             return True
         decisions = _decide(self, request, view, checks)
         if decisions is None:
-            return settings.FAIL_OPEN
+            return True  # FAIL_OPEN
         self.decisions = decisions
         held = [d for d in decisions if d.lease is not None]
         if held:
@@ -295,11 +298,8 @@ def _release_when_done(view: APIView, held: list[Decision]) -> None:
         for decision in held:
             try:
                 decision.policy.release(decision.key, decision)
-            except redis.RedisError:
-                logger.warning(
-                    "could not release a %r slot; its lease expires in %ss",
-                    decision.policy.name, decision.policy.timeout, exc_info=True,
-                )
+            except redis.RedisError as exc:  # the lease expires after the policy's timeout
+                report_outage(exc)
 
     finalize_response = view.finalize_response
     raise_uncaught_exception = view.raise_uncaught_exception

@@ -352,8 +352,10 @@ def test_unreachable_redis_follows_fail_open(dead_redis: None, fail_open: bool) 
         for throttle, attrs in ((drf.UserRateThrottle, {}),
                                 (drf.PolicyThrottle, {"throttle_policy": "api"})):
             response = call(view_with(throttle, **attrs), user=ALICE)
-            assert response.status_code == (200 if fail_open else 429)
+            assert response.status_code == (200 if fail_open else 503)
             assert "RateLimit" not in response
+            if not fail_open:
+                assert response.data["detail"].code == "rate_limiter_unavailable"
 
 
 # -- PolicyThrottle --------------------------------------------------------------------------------
