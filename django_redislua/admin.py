@@ -22,6 +22,8 @@ from django.utils.http import urlencode
 from django_redislua.conf import settings
 from django_redislua.limiting import inspect
 from django_redislua.limiting.registry import get_policy
+from django_redislua.locks import inspect as locks_inspect
+from django_redislua.locks.keys import keys_for
 from django_redislua.models import RedisLua
 
 if TYPE_CHECKING:
@@ -111,8 +113,10 @@ class RedisLuaAdmin(ModelAdmin):
         wrap = self.admin_site.admin_view
         return [
             path("", wrap(self.keys_view), name=self._name("changelist")),
+            path("locks/", wrap(self.locks_view), name=self._name("locks")),
             path("scripts/", wrap(self.scripts_view), name=self._name("scripts")),
             path("reset/", wrap(self.reset_view), name=self._name("reset")),
+            path("locks/release/", wrap(self.release_view), name=self._name("release")),
         ]
 
     def _url(self, page: str, **query: str) -> str:
@@ -128,6 +132,7 @@ class RedisLuaAdmin(ModelAdmin):
             "tab": tab,
             "tabs": [
                 ("keys", "Rate-limit keys", self._url("changelist")),
+                ("locks", "Locks", self._url("locks")),
                 ("scripts", "Scripts & servers", self._url("scripts")),
             ],
             "can_change": self.has_change_permission(request),
@@ -169,6 +174,42 @@ class RedisLuaAdmin(ModelAdmin):
             if page and page.cursor else None,
             reset_url=self._url("reset"),
             max_scan_calls=inspect.MAX_SCAN_CALLS,
+        ))
+
+    def locks_view(self, request: HttpRequest) -> HttpResponse:
+        self._require(request, change=False)
+        search = request.GET.get("q", "").strip()
+        try:
+            cursor = int(request.GET.get("cursor", "0"))
+        except ValueError:
+            return HttpResponseBadRequest("bad cursor")
+        start = cursor
+        locks: list[locks_inspect.LockInfo] = []
+        calls = 0
+        try:
+            # The same bound as for keys: at most MAX_SCAN_CALLS SCANs per page.
+            while calls < inspect.MAX_SCAN_CALLS and len(locks) < inspect.PAGE_SIZE:
+                cursor, found = locks_inspect.scan_locks(
+                    cursor, match=search or None, count=inspect.MAX_SCAN_COUNT
+                )
+                locks += found
+                calls += 1
+                if cursor == 0:
+                    break
+        except redis.RedisError as exc:
+            messages.error(request, f"Redis did not answer: {exc}")
+            cursor = 0
+        rows = [
+            {"lock": lock, "ttl": "no expiry" if lock.ttl is None else duration(lock.ttl)}
+            for lock in sorted(locks, key=lambda lock: lock.name)
+        ]
+        return TemplateResponse(request, "admin/django_redislua/redislua/locks.html", self._context(
+            request, "Locks", "locks",
+            rows=rows, search=search, scan_calls=calls, started=start != 0,
+            max_scan_calls=inspect.MAX_SCAN_CALLS,
+            first_url=self._url("locks", q=search),
+            more_url=self._url("locks", q=search, cursor=str(cursor)) if cursor else None,
+            cursor=cursor, release_url=self._url("release"),
         ))
 
     def scripts_view(self, request: HttpRequest) -> HttpResponse:
@@ -227,4 +268,32 @@ class RedisLuaAdmin(ModelAdmin):
             messages.success(request, f"Reset {key}: the next request starts from a full quota.")
         else:
             messages.warning(request, f"{key} was already gone (expired or reset).")
+        return HttpResponseRedirect(back)
+
+    def release_view(self, request: HttpRequest) -> HttpResponse:
+        self._require(request, change=True)
+        data = request.POST if request.method == "POST" else request.GET
+        name = data.get("name", "")
+        if not name:
+            return HttpResponseBadRequest("which lock?")
+        back = data.get("next", "")
+        if not back.startswith(self._url("locks")):
+            back = self._url("locks")
+        if request.method != "POST":
+            return TemplateResponse(
+                request, "admin/django_redislua/redislua/confirm.html",
+                self._context(request, "Force-release a lock?", "locks", action="release",
+                              target=name, back=back, action_url=self._url("release")),
+            )
+        try:
+            released = locks_inspect.force_release(name)
+        except redis.RedisError as exc:
+            messages.error(request, f"Redis did not answer: {exc}; lock {name} was not released.")
+            return HttpResponseRedirect(back)
+        if released:
+            self.log_change(request, RedisLua(key=keys_for("lock", name).base),
+                            f"Force-released lock {name}.")
+            messages.success(request, f"Released lock {name}; its waiters were woken.")
+        else:
+            messages.warning(request, f"Lock {name} was not held (released or expired).")
         return HttpResponseRedirect(back)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from django.test import Client
 from django_redislua import get_policy
 from django_redislua.admin import duration, relative
 from django_redislua.limiting import inspect
+from django_redislua.locks import Lock
 from django_redislua.models import RedisLua
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.testapp.admin_urls")]
@@ -25,6 +27,8 @@ BASE = "/admin/django_redislua/redislua/"
 KEYS_URL = BASE
 SCRIPTS_URL = BASE + "scripts/"
 RESET_URL = BASE + "reset/"
+LOCKS_URL = BASE + "locks/"
+RELEASE_URL = BASE + "locks/release/"
 LOGIN_KEY = "rl:login:sl:{203.0.113.7}"
 
 
@@ -293,6 +297,83 @@ def test_durations_read_like_text(seconds: float, text: str) -> None:
     assert relative(-seconds) == f"{text} ago"
 
 
+# -- locks -------------------------------------------------------------------------------------
+@pytest.fixture
+def held_lock() -> Iterator[Lock]:
+    lock = Lock("report:daily", timeout=30, reentrant=True)
+    assert lock.acquire(blocking=False) and lock.acquire(blocking=False)  # entered twice
+    yield lock
+    if lock.owned():
+        lock.release()
+        lock.release()
+
+
+def test_view_only_sees_held_locks_without_buttons(
+    login_as: Callable[..., Client], held_lock: Lock
+) -> None:
+    client = login_as("view_redislua")
+    response = client.get(LOCKS_URL)
+    assert response.status_code == 200
+    [row] = response.context["rows"]
+    lock = row["lock"]
+    assert (lock.name, lock.owner, lock.fencing_token, lock.reentry_count, lock.waiters) == (
+        "report:daily", held_lock.owner, held_lock.token, 2, 0
+    )
+    assert row["ttl"].endswith(" s") and 25 <= lock.ttl <= 30  # type: ignore[operator]
+    html = response.content.decode()
+    assert "report:daily" in html and "Force release" not in html and RELEASE_URL not in html
+    assert client.get(RELEASE_URL, {"name": "report:daily"}).status_code == 403
+    assert client.post(RELEASE_URL, {"name": "report:daily"}).status_code == 403
+    assert held_lock.owned()
+
+
+def test_change_user_force_releases_a_lock_and_wakes_its_waiter(
+    login_as: Callable[..., Client], held_lock: Lock
+) -> None:
+    waiter = Lock("report:daily", timeout=30)
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(blocking_timeout=10)))
+    thread.start()
+    client = login_as("change_redislua", csrf=True)
+    deadline = time.monotonic() + 5
+    while client.get(LOCKS_URL).context["rows"][0]["lock"].waiters != 1:
+        assert time.monotonic() < deadline, "the waiter never showed up"
+        time.sleep(0.05)
+    assert "Force release" in client.get(LOCKS_URL).content.decode()
+
+    confirm = client.get(RELEASE_URL, {"name": "report:daily"})
+    assert confirm.status_code == 200 and "Yes, release it" in confirm.content.decode()
+    assert held_lock.owned(), "the confirmation page must change nothing"
+    assert client.post(RELEASE_URL, {"name": "report:daily"}).status_code == 403  # no CSRF token
+    assert held_lock.owned()
+    response = client.post(RELEASE_URL, {
+        "name": "report:daily", "csrfmiddlewaretoken": confirm.context["csrf_token"],
+    })
+    assert response.status_code == 302 and response["Location"] == LOCKS_URL
+    thread.join(10)
+    assert got == [True], "the waiter is woken and takes the lock"
+    assert waiter.owned() and not held_lock.owned()
+    assert waiter.token is not None and held_lock.token is not None
+    assert waiter.token > held_lock.token
+    waiter.release()
+
+    entry = LogEntry.objects.get()
+    assert entry.action_flag == CHANGE and entry.object_id == "rl:lock:{report:daily}"
+    assert entry.get_change_message() == "Force-released lock report:daily."
+
+
+def test_force_release_of_a_lock_not_held(login_as: Callable[..., Client]) -> None:
+    response = login_as("change_redislua").post(RELEASE_URL, {"name": "nobody"}, follow=True)
+    assert "was not held" in response.content.decode()
+    assert not LogEntry.objects.exists()
+
+
+def test_no_locks(login_as: Callable[..., Client]) -> None:
+    response = login_as("view_redislua").get(LOCKS_URL)
+    assert "No locks are held right now." in response.content.decode()
+    assert response.context["more_url"] is None
+
+
 # -- paging over a big keyspace ----------------------------------------------------------------
 NOISE = 100_000
 OURS = 300
@@ -340,6 +421,21 @@ def test_paging_with_100k_keys_present(
         )
     assert seen == {api.redis_key(f"user:{i}") for i in range(OURS)}
     assert timings[0] < 2.0 and max(timings) < 2.0
+
+    held = Lock("needle", timeout=30)
+    assert held.acquire(blocking=False)
+    url, pages, found = LOCKS_URL, 0, []
+    while url is not None:
+        pages += 1
+        assert pages <= 200, "paging must terminate"
+        started = time.perf_counter()
+        response = client.get(url)
+        assert time.perf_counter() - started < 2.0
+        assert response.context["scan_calls"] <= inspect.MAX_SCAN_CALLS
+        found += [row["lock"].name for row in response.context["rows"]]
+        url = response.context["more_url"]
+    assert found == ["needle"]
+    held.release()
 
     started = time.perf_counter()
     rows = client.get(KEYS_URL, {"q": api.redis_key("user:7")}).context["rows"]
