@@ -7,6 +7,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.test import AsyncClient, Client, override_settings
 from django.test.client import RequestFactory
 
+from django_redislua.connection import aclose_client
 from django_redislua.decorators import ratelimit
 from django_redislua.limiting import get_policy
 from django_redislua.signals import rate_limited
@@ -65,7 +66,9 @@ def test_separate_identities_are_separate_counters(client: Client) -> None:
     ("/rl/by-dotted-key/", {"HTTP_X_TENANT": "a"}, {"HTTP_X_TENANT": "b"}),
     ("/rl/by-user-or-ip/", {"REMOTE_ADDR": "10.1.1.1"}, {"REMOTE_ADDR": "10.1.1.2"}),
 ])
-def test_key_types(client: Client, url: str, first: dict[str, object], second: dict[str, object]) -> None:
+def test_key_types(
+    client: Client, url: str, first: dict[str, object], second: dict[str, object]
+) -> None:
     assert codes(client, url, 3, **first) == [200, 200, 429]
     assert codes(client, url, 1, **second) == [200]
 
@@ -177,7 +180,7 @@ def test_stacked_is_one_evalsha_and_all_or_nothing(client: Client, r, recorder) 
 def test_stacked_denial_consumes_nothing(client: Client) -> None:
     assert codes(client, "/rl/stacked/", 3) == [200, 200, 429]
     response = client.get("/rl/stacked/")
-    wide = [item for item in response["RateLimit"].split(", ") if "stack-wide" in item][0]
+    wide = next(item for item in response["RateLimit"].split(", ") if "stack-wide" in item)
     assert ";r=3;" in wide  # 2 allowed requests counted, the 2 denied ones not
 
 
@@ -230,7 +233,8 @@ def test_separate_method_decorators_are_one_evalsha(client: Client, recorder) ->
         response = client.get("/rl/cbv/method-stacked/")
     assert response.status_code == 200
     assert recorder.commands == ["EVALSHA"]
-    assert '"md-wide"' in response["RateLimit-Policy"] and '"md-narrow"' in response["RateLimit-Policy"]
+    assert '"md-wide"' in response["RateLimit-Policy"]
+    assert '"md-narrow"' in response["RateLimit-Policy"]
     assert codes(client, "/rl/cbv/method-stacked/", 2) == [200, 429]
 
 
@@ -248,6 +252,7 @@ def test_configured_policy_rejects_inline_options() -> None:
 async def test_async_view() -> None:
     client = AsyncClient()
     results = [(await client.get("/rl/async/")).status_code for _ in range(3)]
+    await aclose_client()
     assert results == [200, 200, 429]
 
 
@@ -262,6 +267,7 @@ async def test_async_view_makes_no_thread_hop(monkeypatch) -> None:  # type: ign
     request = RequestFactory().get("/rl/async/")
     request.user = AnonymousUser()
     response = await ratelimit_views.async_view(request)
+    await aclose_client()
     assert response.status_code == 200
 
 
@@ -271,12 +277,15 @@ async def test_async_stacked_one_evalsha(recorder) -> None:  # type: ignore[no-u
     with recorder:
         assert (await client.get("/rl/async-stacked/")).status_code == 200
     assert recorder.commands == ["EVALSHA"]
-    assert [(await client.get("/rl/async-stacked/")).status_code for _ in range(2)] == [200, 429]
+    statuses = [(await client.get("/rl/async-stacked/")).status_code for _ in range(2)]
+    await aclose_client()
+    assert statuses == [200, 429]
 
 
 async def test_async_class_decoration() -> None:
     client = AsyncClient()
     results = [(await client.get("/rl/cbv/async/")).status_code for _ in range(3)]
+    await aclose_client()
     assert results == [200, 200, 429]
 
 
@@ -284,6 +293,7 @@ async def test_async_concurrency_released() -> None:
     client = AsyncClient()
     ratelimit_views.SLOT_SEEN.clear()
     results = [(await client.get("/rl/concurrency-async/")).status_code for _ in range(3)]
+    await aclose_client()
     assert results == [200, 200, 200]
     assert ratelimit_views.SLOT_SEEN == [0, 0, 0]
 

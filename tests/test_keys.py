@@ -1,0 +1,124 @@
+"""Key functions: request -> identity, including hostile and malformed input."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import AnonymousUser
+from django.test import Client, RequestFactory, override_settings
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from django_redislua.keys import client_ip, key_function
+from django_redislua.limiting import PolicyError, get_policy
+from django_redislua.limiting.identity import bound_identity
+from tests.settings import REDISLUA
+
+rf = RequestFactory()
+
+
+def with_config(**options: object) -> override_settings:
+    return override_settings(REDISLUA={**REDISLUA, **options})
+
+
+@pytest.mark.parametrize(("remote", "expected"), [
+    ("203.0.113.9", "203.0.113.9"),
+    ("2001:db8::1", "2001:db8::/64"),
+    ("::ffff:203.0.113.9", "203.0.113.9"),  # IPv4-mapped: counted as the IPv4 client
+    ("[2001:db8::1]:443", "2001:db8::/64"),
+    ("203.0.113.9:5555", "203.0.113.9"),
+    ("fe80::1%eth0", "fe80::/64"),
+    ("", None), ("garbage", None), ("999.1.1.1", None), ("1.2.3.4, 5.6.7.8", None),
+    ("1" * 500, None), ("\x00\n", None),
+])
+def test_client_ip_remote_addr(remote: str, expected: str | None) -> None:
+    assert client_ip(rf.get("/", REMOTE_ADDR=remote)) == expected
+
+
+def test_client_ip_missing_remote_addr() -> None:
+    request = rf.get("/")
+    del request.META["REMOTE_ADDR"]
+    assert client_ip(request) is None
+
+
+@with_config(IPV4_MASK=24, IPV6_MASK=48)
+def test_masks() -> None:
+    assert client_ip(rf.get("/", REMOTE_ADDR="203.0.113.9")) == "203.0.113.0/24"
+    assert client_ip(rf.get("/", REMOTE_ADDR="2001:db8:1:2::1")) == "2001:db8:1::/48"
+
+
+@with_config(TRUSTED_PROXIES=2)
+def test_trusted_proxies_take_the_nth_from_the_right() -> None:
+    # client-forged, real client (appended by proxy 1), proxy 1 (appended by proxy 2)
+    forwarded = "6.6.6.6, 198.51.100.7, 10.0.0.1"
+    request = rf.get("/", REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR=forwarded)
+    assert client_ip(request) == "198.51.100.7"
+
+
+@with_config(TRUSTED_PROXIES=1)
+def test_trusted_proxies_fall_back_to_the_peer() -> None:
+    assert client_ip(rf.get("/", REMOTE_ADDR="198.51.100.7")) == "198.51.100.7"
+    garbage = rf.get("/", REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="not-an-ip")
+    assert client_ip(garbage) is None
+    huge = rf.get("/", REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="1.1.1.1," * 100_000)
+    assert client_ip(huge) == "1.1.1.1"
+
+
+def test_without_trusted_proxies_the_header_is_ignored() -> None:
+    request = rf.get("/", REMOTE_ADDR="198.51.100.7", HTTP_X_FORWARDED_FOR="6.6.6.6")
+    assert client_ip(request) == "198.51.100.7"
+
+
+@pytest.mark.django_db
+def test_user_keys(django_user_model) -> None:  # type: ignore[no-untyped-def]
+    user = django_user_model.objects.create_user("k", password="pw")
+    request = rf.get("/", REMOTE_ADDR="198.51.100.7")
+    request.user = AnonymousUser()
+    assert key_function("user")(request) is None
+    assert key_function("user_or_ip")(request) == "198.51.100.7"
+    request.user = user
+    assert key_function("user")(request) == f"u{user.pk}"
+    assert key_function("user_or_ip")(request) == f"u{user.pk}"
+
+
+def test_param_and_header_keys() -> None:
+    request = rf.post("/?q=find", {"email": "a@x"}, HTTP_X_API_KEY="k1", REMOTE_ADDR="1.2.3.4")
+    assert key_function("header:X-Api-Key")(request) == "k1"
+    assert key_function("header:x_api_key")(request) == "k1"
+    assert key_function("get:q")(request) == "find"
+    assert key_function("post:email")(request) == "a@x"
+    assert key_function("get:missing")(request) is None
+    assert key_function("header:content-type")(request).startswith("multipart/form-data")
+
+
+def test_callable_and_dotted_keys() -> None:
+    request = rf.get("/", HTTP_X_TENANT="t1")
+    assert key_function(lambda r: "fixed")(request) == "fixed"
+    assert key_function("tests.testapp.ratelimit_views.tenant_key")(request) == "t1"
+
+
+@pytest.mark.parametrize("spec", ["nope", "cookie:x", "header:", 42, "no.such.module.key"])
+def test_unknown_keys_are_policy_errors(spec: object) -> None:
+    with pytest.raises(PolicyError) as info:
+        key_function(spec)
+    assert info.value.check_id == "redislua.E008"
+
+
+@given(st.text(max_size=300) | st.binary(max_size=300).map(lambda b: b.decode("latin-1")))
+@hsettings(max_examples=200, deadline=None)
+def test_hostile_values_make_safe_keys(value: str) -> None:
+    key = get_policy("api").redis_key(value)
+    tag = key[key.index("{") + 1 : -1]
+    assert key.count("{") == 1 and key.endswith("}")  # one hash tag: one cluster slot
+    assert 1 <= len(tag) <= 64 and tag.isprintable() and " " not in tag
+    assert bound_identity(value) == tag
+
+
+@pytest.mark.django_db
+def test_hostile_header_values_over_http(client: Client, r) -> None:  # type: ignore[no-untyped-def]
+    hostile = ["}{", "a" * 10_000, "x\r\ny", "{tag}", "#abc", "ünïcode", "*", "../.."]
+    for value in hostile:
+        assert client.get("/rl/by-header/", HTTP_X_API_KEY=value).status_code == 200
+    keys = r.keys("rl:*")
+    assert len(keys) == len(hostile)  # each value its own counter
+    assert all(len(k) < 200 and k.count(b"{") == 1 for k in keys)

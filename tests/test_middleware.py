@@ -1,0 +1,97 @@
+"""RateLimitMiddleware: MIDDLEWARE_POLICIES by path prefix and URL name; RateLimited -> 429."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import AsyncClient, Client, override_settings
+
+from django_redislua.connection import aclose_client
+from django_redislua.limiting import get_policy
+from django_redislua.middleware import RateLimitMiddleware
+from django_redislua.signals import rate_limited
+from tests.settings import MIDDLEWARE, REDISLUA
+
+pytestmark = pytest.mark.django_db
+
+POLICIES = {
+    **REDISLUA["POLICIES"],  # type: ignore[dict-item]
+    "mw-path": {"rate": "3/m", "key": "ip"},
+    "mw-name": {"rate": "2/m", "key": "ip", "methods": ["POST"]},
+    "mw-wide": {"rate": "10/m", "key": "ip"},
+}
+RULES = [
+    {"path": "/rl/api/", "policy": "mw-path"},
+    {"path": "/rl/api/", "policy": "mw-wide"},
+    {"name": "rl-named", "policy": "mw-name"},
+]
+with_middleware = override_settings(
+    MIDDLEWARE=[*MIDDLEWARE, "django_redislua.middleware.RateLimitMiddleware"],
+    REDISLUA={**REDISLUA, "POLICIES": POLICIES, "MIDDLEWARE_POLICIES": RULES},
+)
+
+
+def codes(client: Client, url: str, n: int, method: str = "get") -> list[int]:
+    return [getattr(client, method)(url).status_code for _ in range(n)]
+
+
+@with_middleware
+def test_path_prefix(client: Client) -> None:
+    assert codes(client, "/rl/api/ok/", 4) == [200, 200, 200, 429]
+    assert codes(client, "/rl/ok/", 5) == [200] * 5  # outside the prefix
+
+
+@with_middleware
+def test_path_rules_are_one_evalsha_with_headers(client: Client, recorder) -> None:  # type: ignore[no-untyped-def]
+    get_policy("api").peek("warm-up")
+    with recorder:
+        response = client.get("/rl/api/ok/")
+    assert recorder.commands == ["EVALSHA"]
+    assert '"mw-path";q=3;w=60' in response["RateLimit-Policy"]
+    assert '"mw-wide";q=10;w=60' in response["RateLimit-Policy"]
+
+
+@with_middleware
+def test_url_name_with_methods(client: Client) -> None:
+    assert codes(client, "/rl/named/", 4) == [200] * 4  # GET: the policy is POST-only
+    assert codes(client, "/rl/named/", 3, method="post") == [200, 200, 429]
+
+
+@with_middleware
+def test_unknown_url_is_not_resolved_into_an_error(client: Client) -> None:
+    assert client.get("/rl/no-such-page/").status_code == 404
+
+
+def test_raised_rate_limited_retry_after(client: Client) -> None:
+    # The view raises RateLimited with a denied decision once "login" is exhausted.
+    policy = get_policy("login")
+    for _ in range(5):
+        policy.hit("raiser")
+    with_mw = [*MIDDLEWARE, "django_redislua.middleware.RateLimitMiddleware"]
+    with override_settings(MIDDLEWARE=with_mw):
+        response = client.get("/rl/raises/")
+    assert response.status_code == 429
+    assert response.content == b"Too Many Requests\n"
+    assert int(response["Retry-After"]) >= 1
+
+
+@with_middleware
+def test_signal_sender_is_the_middleware(client: Client) -> None:
+    senders = []
+
+    def receiver(sender, request, decision, **kwargs):  # type: ignore[no-untyped-def]
+        senders.append((sender, decision.policy.name))
+
+    rate_limited.connect(receiver)
+    try:
+        codes(client, "/rl/api/ok/", 4)
+    finally:
+        rate_limited.disconnect(receiver)
+    assert senders == [(RateLimitMiddleware, "mw-path")]
+
+
+@with_middleware
+async def test_async_stack() -> None:
+    client = AsyncClient()
+    statuses = [(await client.get("/rl/api/ok/")).status_code for _ in range(4)]
+    await aclose_client()
+    assert statuses == [200, 200, 200, 429]
