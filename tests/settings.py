@@ -9,12 +9,14 @@ DEBUG = False
 USE_TZ = True
 ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "tests.urls"
+STATIC_URL = "/static/"
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",  # the admin's CSS and JS, served by pytest-django's live_server
     "rest_framework",
     "django_redislua",
     "tests.testapp",
