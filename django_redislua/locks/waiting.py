@@ -97,4 +97,4 @@ async def await_until(channel: str, attempt: AsyncAttempt, timeout: float | None
                 if time.monotonic() >= wake_at:
                     break
     finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
