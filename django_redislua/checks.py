@@ -202,6 +202,28 @@ def _middleware_policies(config: dict[str, Any]) -> list[CheckMessage]:
     return messages
 
 
+def _drf_rates() -> list[CheckMessage]:
+    """With this app's DRF throttles in use, every DEFAULT_THROTTLE_RATES entry must parse."""
+    from django_redislua.limiting.rates import RateError, parse_rate
+
+    config = getattr(django_settings, "REST_FRAMEWORK", {})
+    if not isinstance(config, dict):
+        return []
+    classes = config.get("DEFAULT_THROTTLE_CLASSES", [])
+    if not any(str(c).startswith("django_redislua.") for c in classes):
+        return []
+    messages: list[CheckMessage] = []
+    for scope, rate in (config.get("DEFAULT_THROTTLE_RATES") or {}).items():
+        if rate is None:
+            continue
+        try:
+            parse_rate(rate)
+        except RateError as exc:
+            message = f"REST_FRAMEWORK throttle rate {scope!r}: {exc}"
+            messages.append(_error("redislua.E020", message))
+    return messages
+
+
 @register(Tags.compatibility)
 def check_settings(**kwargs: Any) -> list[CheckMessage]:
     config = getattr(django_settings, "REDISLUA", {})
@@ -216,4 +238,5 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
         *_connection(config),
         *_policies(config),
         *_middleware_policies(config),
+        *_drf_rates(),
     ]

@@ -157,3 +157,15 @@ def test_docs_list_every_id():
     assert used and all(check_id in docs for check_id in used), used - set(
         re.findall(r"redislua\.[EW]\d{3}", docs)
     )
+
+
+def test_e020_drf_throttle_rate():
+    rest = {
+        "DEFAULT_THROTTLE_CLASSES": ["django_redislua.drf.UserRateThrottle"],
+        "DEFAULT_THROTTLE_RATES": {"user": "5/fortnight", "anon": None, "burst": "5/10s"},
+    }
+    with override_settings(REST_FRAMEWORK=rest, REDISLUA={}):
+        assert [m.id for m in check_settings()] == ["redislua.E020"]
+    drf_own = {**rest, "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"]}
+    with override_settings(REST_FRAMEWORK=drf_own, REDISLUA={}):
+        assert check_settings() == []
