@@ -6,6 +6,10 @@ from demo import api, views
 urlpatterns = [
     path("", views.index, name="index"),
     path("limited/", views.limited, name="limited"),
+    path("login/", views.login_form, name="login-form"),
+    path("api/", views.api, name="api"),
+    path("stacked/", views.stacked, name="stacked"),
+    path("async/", views.async_limited, name="async-limited"),
     path("api/", include(api.router.urls)),
     path("admin/", admin.site.urls),
 ]
