@@ -347,6 +347,13 @@ async def _arelease_all(decisions: Sequence[Decision]) -> None:
                 report_outage(exc)
 
 
+def _on_close(response: HttpResponseBase, callback: Callable[[], None]) -> None:
+    # Django runs a response's resource closers from close(), which WSGI servers and the ASGI
+    # handler call once the last chunk is sent (or the client went away).
+    closers: list[Callable[[], None]] = response._resource_closers  # type: ignore[attr-defined]
+    closers.append(callback)
+
+
 def finish(response: HttpResponseBase, decisions: Sequence[Decision]) -> HttpResponseBase:
     """Headers on an allowed response; concurrency slots released when the response is done.
 
@@ -356,7 +363,7 @@ def finish(response: HttpResponseBase, decisions: Sequence[Decision]) -> HttpRes
     add_headers(response, decisions)
     if any(d.lease is not None for d in decisions):
         if response.streaming:
-            response._resource_closers.append(functools.partial(_release_all, decisions))
+            _on_close(response, functools.partial(_release_all, decisions))
         else:
             _release_all(decisions)
     return response
@@ -366,7 +373,7 @@ async def afinish(response: HttpResponseBase, decisions: Sequence[Decision]) -> 
     add_headers(response, decisions)
     if any(d.lease is not None for d in decisions):
         if response.streaming:
-            response._resource_closers.append(functools.partial(_release_all, decisions))
+            _on_close(response, functools.partial(_release_all, decisions))
         else:
             await _arelease_all(decisions)
     return response
@@ -453,7 +460,7 @@ def _decorate_class(cls: type[View], spec: Spec) -> type[View]:
     functools.update_wrapper(dispatch, original)
     stack = Stack(specs, view, name, dispatch)
     setattr(dispatch, _STACK_ATTR, stack)
-    cls.dispatch = dispatch  # type: ignore[method-assign]
+    cls.dispatch = dispatch  # type: ignore[method-assign,assignment]
     return cls
 
 

@@ -136,7 +136,7 @@ def _key_function_for_string(spec: str) -> KeyFunc:
             "post:<param>, a callable or a dotted path",
         )
     if "." in spec:
-        return resolve_callable(spec, "redislua.E008", "key")  # type: ignore[return-value]
+        return resolve_callable(spec, "redislua.E008", "key")
     raise PolicyError(
         "redislua.E008",
         f"unknown key type {spec!r}: use ip, user, user_or_ip, header:<name>, get:<param>, "

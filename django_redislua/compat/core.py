@@ -40,11 +40,11 @@ def _ip(request: HttpRequest) -> str:
 
 def _user(request: HttpRequest) -> str:
     # django-ratelimit keys anonymous users as str(None): they share one counter.
-    return str(request.user.pk)  # type: ignore[union-attr]
+    return str(request.user.pk)
 
 
 def _user_or_ip(request: HttpRequest) -> str:
-    return str(request.user.pk) if request.user.is_authenticated else _ip(request)  # type: ignore[union-attr]
+    return str(request.user.pk) if request.user.is_authenticated else _ip(request)
 
 
 SIMPLE_KEYS: dict[str, Callable[[HttpRequest], str]] = {
