@@ -171,11 +171,11 @@ def _build_sync(endpoint: Endpoint) -> SyncClient:
     if endpoint.kind == "cluster":
         return redis.cluster.RedisCluster.from_url(endpoint.url, **endpoint.options)
     if endpoint.kind == "sentinel":
-        options = dict(endpoint.options)
         sentinel = redis.sentinel.Sentinel(
-            list(endpoint.sentinels), sentinel_kwargs=_timeouts(), **options
+            list(endpoint.sentinels), sentinel_kwargs=_timeouts(), **endpoint.options
         )
-        return sentinel.master_for(endpoint.service_name)
+        primary: redis.Redis = sentinel.master_for(endpoint.service_name)
+        return primary
     return redis.Redis.from_url(endpoint.url, **endpoint.options)
 
 
@@ -186,7 +186,8 @@ def _build_async(endpoint: Endpoint) -> AsyncClient:
         sentinel = redis.asyncio.sentinel.Sentinel(
             list(endpoint.sentinels), sentinel_kwargs=_timeouts(), **endpoint.options
         )
-        return sentinel.master_for(endpoint.service_name)
+        async_primary: redis.asyncio.Redis = sentinel.master_for(endpoint.service_name)
+        return async_primary
     return redis.asyncio.Redis.from_url(endpoint.url, **endpoint.options)
 
 
@@ -197,13 +198,39 @@ _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncClient
 )
 
 
+_closing: set[asyncio.Future[None]] = set()
+
+
+def _close_soon(loop: asyncio.AbstractEventLoop, client: AsyncClient) -> None:
+    """Close a dropped asyncio client on its own loop (it cannot be closed from another)."""
+    if loop.is_closed():
+        return
+
+    def schedule() -> None:
+        task = asyncio.ensure_future(client.aclose(), loop=loop)
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        schedule()
+    elif loop.is_running():
+        loop.call_soon_threadsafe(schedule)
+
+
 @on_change
 def reset_clients() -> None:
-    """Forget built clients (settings changed). Their pools close when garbage-collected."""
+    """Forget built clients (settings changed); asyncio ones are closed on their loops."""
     global _sync_client
     with _lock:
         _sync_client = None
+        dropped = list(_async_clients.items())
         _async_clients.clear()
+    for loop, client in dropped:
+        _close_soon(loop, client)
 
 
 def get_client() -> SyncClient:

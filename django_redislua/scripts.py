@@ -89,10 +89,10 @@ class Script:
         if settings.USE_FUNCTIONS:
             return _call_function(self, client, keys, args)
         try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
+            return client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             client.script_load(self.source)
-            return client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
+            return client.evalsha(self.sha, len(keys), *keys, *args)
 
     async def acall(
         self,
@@ -104,10 +104,10 @@ class Script:
         if settings.USE_FUNCTIONS:
             return await _acall_function(self, client, keys, args)
         try:
-            return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             await client.script_load(self.source)
-            return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
 
 
 class Registry:
@@ -195,12 +195,12 @@ def _call_function(
     lib_name, source = registry.library()
     name = function_name(script, lib_name)
     try:
-        return client.fcall(name, len(keys), *keys, *args)  # type: ignore[arg-type]
+        return client.fcall(name, len(keys), *keys, *args)
     except ResponseError as exc:
         if not _is_missing_function(exc):
             raise
         client.function_load(source, replace=True)
-        return client.fcall(name, len(keys), *keys, *args)  # type: ignore[arg-type]
+        return client.fcall(name, len(keys), *keys, *args)
 
 
 async def _acall_function(
@@ -209,9 +209,9 @@ async def _acall_function(
     lib_name, source = registry.library()
     name = function_name(script, lib_name)
     try:
-        return await client.fcall(name, len(keys), *keys, *args)  # type: ignore[arg-type]
+        return await client.fcall(name, len(keys), *keys, *args)
     except ResponseError as exc:
         if not _is_missing_function(exc):
             raise
         await client.function_load(source, replace=True)
-        return await client.fcall(name, len(keys), *keys, *args)  # type: ignore[arg-type]
+        return await client.fcall(name, len(keys), *keys, *args)
