@@ -12,16 +12,23 @@ import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
 from django_redislua.connection import AsyncClient, SyncClient, get_async_client, get_client
 from django_redislua.limiting.policy import Decision, Policy, PolicyError, RateLimited
 from django_redislua.scripts import get_script
 
 Check = tuple[Policy, str | bytes | int, int]
 US = 1_000_000.0
+SCRIPT = "django_redislua.ratelimit"
+CLUSTER_CLIENTS = (RedisCluster, AsyncRedisCluster)
 
 
 def _nonce() -> str:
-    return os.urandom(12).hex()
+    # 64 random bits: unique among one key's live entries; short, as sliding_log stores one per hit.
+    return os.urandom(8).hex()
 
 
 def _prepare(
@@ -38,51 +45,46 @@ def _prepare(
             )
         if cost < 1 or cost > policy.limit:
             raise ValueError(
-                f"policy {policy.name!r}: cost {cost} must be between 1 and the limit {policy.limit}"
+                f"policy {policy.name!r}: cost {cost} must be between 1 and "
+                f"the limit {policy.limit}"
             )
-        if policy.code == "cc" and cost != 1:
-            raise ValueError(f"policy {policy.name!r}: a concurrency slot costs 1")
-        extra = _nonce() if policy.code in ("sl", "cc") else ""
-        leases.append(extra if policy.code == "cc" else None)
+        code = policy.code
+        extra = ""
+        if code == "sl":
+            extra = _nonce()
+        elif code == "cc":
+            if cost != 1:
+                raise ValueError(f"policy {policy.name!r}: a concurrency slot costs 1")
+            extra = _nonce()
+        leases.append(extra if code == "cc" else None)
         keys.append(policy.redis_key(identity))
-        args += (policy.code, policy.limit, policy.param, cost, extra)
+        args += (code, policy.limit, policy.param, cost, extra)
+    if len(keys) > 1 and len(set(keys)) != len(keys):
+        # The script decides every key on the state before any write: a key twice would be
+        # counted once.
+        raise ValueError("the same policy and identity appear twice in one evaluate()")
     return keys, args, leases
 
 
 def _decisions(
     checks: Sequence[Check], reply: Sequence[int], leases: Sequence[str | None], peek: bool
 ) -> list[Decision]:
-    allowed_all = all(reply[4 * i] for i in range(len(checks)))
-    result = []
-    for i, (policy, identity, _cost) in enumerate(checks):
-        allowed, remaining, reset, retry = reply[4 * i : 4 * i + 4]
-        result.append(
-            Decision(
-                bool(allowed), policy.limit, remaining, reset / US, retry / US, policy, identity,
-                leases[i] if allowed_all and not peek else None,
-            )
+    committed = not peek and all(reply[0::4])
+    return [
+        Decision(
+            reply[4 * i] == 1, policy.limit, reply[4 * i + 1], reply[4 * i + 2] / US,
+            reply[4 * i + 3] / US, policy, identity, leases[i] if committed else None,
         )
-    return result
+        for i, (policy, identity, _cost) in enumerate(checks)
+    ]
 
 
-def _groups(client: Any, checks: Sequence[Check]) -> list[list[int]]:
-    """Indexes of checks grouped so each group is one script call."""
-    from redis.cluster import RedisCluster
-
-    if not isinstance(client, RedisCluster) and not _is_async_cluster(client):
-        return [list(range(len(checks)))]
-    from redis.crc import key_slot
-
+def _slot_groups(checks: Sequence[Check]) -> list[list[int]]:
+    """Indexes of checks grouped by cluster slot: each group is one script call on one node."""
     slots: dict[int, list[int]] = {}
     for i, (policy, identity, _cost) in enumerate(checks):
         slots.setdefault(key_slot(policy.redis_key(identity).encode()), []).append(i)
     return list(slots.values())
-
-
-def _is_async_cluster(client: Any) -> bool:
-    from redis.asyncio.cluster import RedisCluster
-
-    return isinstance(client, RedisCluster)
 
 
 def evaluate(
@@ -91,16 +93,16 @@ def evaluate(
 ) -> list[Decision]:
     """Decide every ``(policy, identity, cost)`` in one script call. ``now_us`` is for tests."""
     client = client or get_client()
-    script = get_script("django_redislua.ratelimit")
-    groups = _groups(client, checks)
-    if len(groups) == 1:
+    script = get_script(SCRIPT)
+    if len(checks) == 1 or not isinstance(client, CLUSTER_CLIENTS):
         keys, args, leases = _prepare(checks, peek, now_us)
         return _decisions(checks, script(keys, args, client=client), leases, peek)
     out: list[Decision | None] = [None] * len(checks)
-    for group in groups:
+    for group in _slot_groups(checks):
         part = [checks[i] for i in group]
         keys, args, leases = _prepare(part, peek, now_us)
-        for i, decision in zip(group, _decisions(part, script(keys, args, client=client), leases, peek)):
+        reply = script(keys, args, client=client)
+        for i, decision in zip(group, _decisions(part, reply, leases, peek), strict=True):
             out[i] = decision
     return [d for d in out if d is not None]
 
@@ -111,14 +113,16 @@ async def aevaluate(
 ) -> list[Decision]:
     """The asyncio twin of :func:`evaluate`."""
     client = client or get_async_client()
-    script = get_script("django_redislua.ratelimit")
-    groups = _groups(client, checks)
+    script = get_script(SCRIPT)
+    if len(checks) == 1 or not isinstance(client, CLUSTER_CLIENTS):
+        keys, args, leases = _prepare(checks, peek, now_us)
+        return _decisions(checks, await script.acall(keys, args, client=client), leases, peek)
     out: list[Decision | None] = [None] * len(checks)
-    for group in groups:
+    for group in _slot_groups(checks):
         part = [checks[i] for i in group]
         keys, args, leases = _prepare(part, peek, now_us)
         reply = await script.acall(keys, args, client=client)
-        for i, decision in zip(group, _decisions(part, reply, leases, peek)):
+        for i, decision in zip(group, _decisions(part, reply, leases, peek), strict=True):
             out[i] = decision
     return [d for d in out if d is not None]
 

@@ -11,7 +11,7 @@ import hashlib
 import re
 
 MAX_IDENTITY = 64
-_SAFE = re.compile(r"[!-z|~]{1,%d}" % MAX_IDENTITY)  # printable ASCII except space, { and }
+_SAFE = re.compile(rf"[!-z|~]{{1,{MAX_IDENTITY}}}")  # printable ASCII except space, { and }
 
 
 def bound_identity(value: str | bytes | int) -> str:

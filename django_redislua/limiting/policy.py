@@ -87,11 +87,14 @@ class Policy:
         block: bool = True,
     ) -> None:
         if not isinstance(name, str) or not name:
-            raise PolicyError("redislua.E004", f"a policy name must be a non-empty string, not {name!r}")
+            raise PolicyError(
+                "redislua.E004", f"a policy name must be a non-empty string, not {name!r}"
+            )
         if algorithm not in ALGORITHMS:
             raise PolicyError(
                 "redislua.E005",
-                f"policy {name!r}: unknown algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})",
+                f"policy {name!r}: unknown algorithm {algorithm!r} "
+                f"(choose from {', '.join(ALGORITHMS)})",
             )
         self.name = name
         self.algorithm = algorithm
@@ -108,7 +111,9 @@ class Policy:
 
         if algorithm == "concurrency":
             if limit is None:
-                raise PolicyError("redislua.E010", f"policy {name!r}: a concurrency policy needs `limit`")
+                raise PolicyError(
+                    "redislua.E010", f"policy {name!r}: a concurrency policy needs `limit`"
+                )
             self.limit = _positive_int(limit, "redislua.E010", f"policy {name!r}: limit")
             try:
                 self.timeout = parse_duration(
@@ -227,7 +232,7 @@ class Policy:
             await get_async_client().zrem(self.redis_key(key), decision.lease)
 
     def slot(self, key: str | bytes | int) -> AbstractContextManager[Decision]:
-        """``with policy.slot(key):`` holds a concurrency slot; raises RateLimited if none is free."""
+        """``with policy.slot(key):`` holds a concurrency slot; RateLimited if none is free."""
         from django_redislua.limiting.engine import slot
 
         return slot(self, key)
@@ -263,7 +268,9 @@ def _methods(name: str, methods: Sequence[str] | str | None) -> frozenset[str] |
             "redislua.E011", f"policy {name!r}: methods must be a list of HTTP method names"
         ) from None
     if not result or not all(m.isalpha() for m in result):
-        raise PolicyError("redislua.E011", f"policy {name!r}: methods {sorted(result)!r} are not HTTP methods")
+        raise PolicyError(
+            "redislua.E011", f"policy {name!r}: methods {sorted(result)!r} are not HTTP methods"
+        )
     return result
 
 

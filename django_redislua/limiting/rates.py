@@ -1,4 +1,4 @@
-"""Rates (``"5/m"``, ``"100/10s"``, ``"1000/day"``) and durations (``30``, ``"500ms"``, ``"10m"``)."""
+"""Rates (``"5/m"``, ``"100/10s"``, ``"1000/day"``) and durations (``30``, ``"500ms"``)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,9 @@ def parse_rate(value: str) -> Rate:
         raise RateError(f"a rate must be a string like '10/m', not {value!r}")
     match = _RATE.match(value)
     if not match:
-        raise RateError(f"{value!r} is not a rate: write 'N/unit' or 'N/Munit', e.g. '5/m', '100/10s'")
+        raise RateError(
+            f"{value!r} is not a rate: write 'N/unit' or 'N/Munit', e.g. '5/m', '100/10s'"
+        )
     count_text, multiplier_text, unit = match.groups()
     unit = unit.lower()
     if unit not in RATE_UNITS:
@@ -60,7 +62,7 @@ def parse_rate(value: str) -> Rate:
 
 
 def parse_duration(value: object) -> float:
-    """Seconds from a number or a string such as ``"500ms"``, ``"30s"``, ``"10m"``, ``"1h"``, ``"1d"``."""
+    """Seconds from a number or a string: ``"500ms"``, ``"30s"``, ``"10m"``, ``"1h"``, ``"1d"``."""
     if isinstance(value, bool):
         raise RateError(f"{value!r} is not a duration")
     if isinstance(value, (int, float)):
@@ -68,7 +70,9 @@ def parse_duration(value: object) -> float:
     elif isinstance(value, str):
         match = _DURATION.match(value)
         if not match:
-            raise RateError(f"{value!r} is not a duration: write seconds or e.g. '500ms', '10m', '1h'")
+            raise RateError(
+                f"{value!r} is not a duration: write seconds or e.g. '500ms', '10m', '1h'"
+            )
         number, unit = match.groups()
         unit = unit.lower() or "s"
         if unit not in UNIT_SECONDS:

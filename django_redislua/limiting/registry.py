@@ -11,7 +11,9 @@ from django_redislua.limiting.policy import POLICY_OPTIONS, Policy, PolicyError
 
 def build_policy(name: str, options: Any) -> Policy:
     if not isinstance(options, dict):
-        raise PolicyError("redislua.E004", f"policy {name!r} must be a dict of options, not {options!r}")
+        raise PolicyError(
+            "redislua.E004", f"policy {name!r} must be a dict of options, not {options!r}"
+        )
     known = {k: v for k, v in options.items() if k in POLICY_OPTIONS}
     return Policy(name, **known)
 

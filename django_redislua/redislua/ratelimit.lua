@@ -1,6 +1,7 @@
 -- Rate-limit decision for one or more policies, all-or-nothing, in one call.
 --
--- KEYS[i]  the state key of policy i (one key per policy; same hash tag for a cluster call).
+-- KEYS[i]  the state key of policy i (one key per policy, all distinct; same hash tag for a
+--          cluster call).
 -- ARGV[1]  "hit" (consume when every policy allows) or "peek" (write nothing).
 -- ARGV[2]  current time in microseconds, or "" to read the server clock with TIME
 --          (tests inject time here; production always sends "").
@@ -31,29 +32,35 @@ if not now then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-local decisions = {}
-local all_allowed = true
-for i = 1, #KEYS do
-  local o = 3 + 5 * (i - 1)
-  local algorithm = ALGORITHMS[ARGV[o]]
-  if not algorithm then
-    return redis.error_reply('ERR redislua: unknown algorithm ' .. tostring(ARGV[o]))
+-- Decide every policy, consuming as it goes when CONSUME; returns the reply and whether every
+-- policy allowed. Deciding only reads, so a second pass over unchanged state decides the same.
+local function decide(consume)
+  local reply, all_allowed = {}, true
+  for i = 1, #KEYS do
+    local o = 3 + 5 * (i - 1)
+    local algorithm = ALGORITHMS[ARGV[o]]
+    if not algorithm then
+      return redis.error_reply('ERR redislua: unknown algorithm ' .. tostring(ARGV[o]))
+    end
+    local allowed, remaining, reset, retry = algorithm(
+      KEYS[i], now, tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]),
+      ARGV[o + 4], consume)
+    reply[4 * i - 3] = allowed and 1 or 0
+    reply[4 * i - 2] = math.max(0, remaining)
+    reply[4 * i - 1] = math.max(0, reset)
+    reply[4 * i] = math.max(0, retry)
+    all_allowed = all_allowed and allowed
   end
-  local d = algorithm(KEYS[i], now, tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]),
-                      tonumber(ARGV[o + 3]), ARGV[o + 4])
-  decisions[i] = d
-  all_allowed = all_allowed and d.allowed
+  return reply, all_allowed
 end
 
-local commit = all_allowed and ARGV[1] == 'hit'
-local reply = {}
-for i = 1, #KEYS do
-  local d = decisions[i]
-  if commit then d.commit() end
-  local remaining, reset, retry = d.report(commit)
-  reply[#reply + 1] = d.allowed and 1 or 0
-  reply[#reply + 1] = math.max(0, remaining)
-  reply[#reply + 1] = math.max(0, reset)
-  reply[#reply + 1] = math.max(0, retry)
+local hit = ARGV[1] == 'hit'
+if #KEYS == 1 then
+  -- One policy: consuming only when allowed is already all-or-nothing.
+  return (decide(hit))
+end
+local reply, all_allowed = decide(false)
+if hit and all_allowed then
+  reply = decide(true)
 end
 return reply

@@ -1,5 +1,12 @@
 -- Helpers shared by the rate-limit algorithms (a fragment: see ratelimit.lua for KEYS/ARGV).
 -- Times and durations are integer microseconds held in Lua numbers (doubles, exact below 2^53).
+-- Numbers passed straight to redis.call are sent exactly ("%.17g"); only concatenation needs
+-- int(), since Lua's own tostring would print 1.7e+15 for a timestamp.
+--
+-- Every algorithm is ALGORITHMS[code](key, now, limit, param, cost, extra, consume) and returns
+-- allowed (boolean), remaining, reset_after (us), retry_after (us). It writes only when
+-- CONSUME is true and the request is allowed; with CONSUME false it only reads, so the driver
+-- can decide several policies before committing any.
 
 -- floor(a / b) for non-negative integers, corrected for the rounding of the double division.
 local function idiv(a, b)
@@ -13,12 +20,14 @@ local function cdiv(a, b)
   return idiv(a + b - 1, b)
 end
 
--- Expire KEY after US microseconds, rounded up to whole milliseconds (at least 1 ms).
-local function expire_us(key, us)
-  redis.call('PEXPIRE', key, math.max(1, cdiv(us, 1000)))
+-- A TTL of US microseconds in whole milliseconds, rounded up (at least 1 ms): never shorter
+-- than the state must live, never more than 1 ms longer.
+local function ttl_ms(us)
+  if us <= 1000 then return 1 end
+  return cdiv(us, 1000)
 end
 
--- A number as an exact integer string (tostring would print 1.7e+15 for a timestamp).
+-- A number as an exact integer string.
 local function int(n)
   return string.format('%.0f', n)
 end

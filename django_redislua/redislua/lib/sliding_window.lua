@@ -2,12 +2,17 @@
 -- Windows are aligned to multiples of PERIOD. The estimate of hits in the last PERIOD is
 -- previous * (PERIOD - elapsed) / PERIOD + current; a hit is allowed while estimate + cost <= limit.
 -- All comparisons are done multiplied through by PERIOD, in exact integers.
--- Key: a hash {w = current window start (us), c = current count, p = previous count}.
+-- Key: a string "<current window start us>:<current count>:<previous count>"; expires when the
+-- next window ends (until then the current count still weighs on the estimate).
 -- Params: limit = hits per period, param = period (us), cost = units to take; extra unused.
-ALGORITHMS['sw'] = function(key, now, limit, period, cost, extra)
+ALGORITHMS['sw'] = function(key, now, limit, period, cost, extra, consume)
   local window = now - math.fmod(now, period)
-  local state = redis.call('HMGET', key, 'w', 'c', 'p')
-  local stored, cur, prev = tonumber(state[1]), tonumber(state[2]) or 0, tonumber(state[3]) or 0
+  local stored, cur, prev
+  local state = redis.call('GET', key)
+  if state then
+    local w, c, p = string.match(state, '^(%d+):(%d+):(%d+)$')
+    stored, cur, prev = tonumber(w), tonumber(c), tonumber(p)
+  end
   if stored == window then
     -- same window: counts as stored
   elseif stored == window - period then
@@ -18,31 +23,24 @@ ALGORITHMS['sw'] = function(key, now, limit, period, cost, extra)
   local elapsed = now - window
   local weighted = prev * (period - elapsed)  -- previous window's share, times PERIOD
   local allowed = weighted + (cur + cost) * period <= limit * period
-  return {
-    allowed = allowed,
-    commit = function()
-      redis.call('HSET', key, 'w', int(window), 'c', cur + cost, 'p', prev)
-      expire_us(key, 2 * period - elapsed)
-    end,
-    report = function(committed)
-      local c = cur
-      if committed then c = c + cost end
-      local remaining = math.max(0, idiv(math.max(0, limit * period - weighted - c * period), period))
-      local reset, retry = 0, 0
-      if c > 0 then reset = 2 * period - elapsed elseif prev > 0 then reset = period - elapsed end
-      if not allowed then
-        local room = (limit - cur - cost) * period
-        if room >= 0 then
-          -- this window: wait until the previous window's share has shrunk enough
-          retry = period - idiv(room, prev) - elapsed
-        else
-          -- next window, where this window's count becomes the weighted previous one
-          local wait_in_next = 0
-          if cur > 0 then wait_in_next = math.max(0, period - idiv((limit - cost) * period, cur)) end
-          retry = period - elapsed + wait_in_next
-        end
-      end
-      return remaining, reset, retry
-    end,
-  }
+  local retry = 0
+  if not allowed then
+    local room = (limit - cur - cost) * period
+    if room >= 0 then
+      -- this window: wait until the previous window's share has shrunk enough
+      retry = period - idiv(room, prev) - elapsed
+    else
+      -- next window, where this window's count becomes the weighted previous one
+      local wait_in_next = 0
+      if cur > 0 then wait_in_next = math.max(0, period - idiv((limit - cost) * period, cur)) end
+      retry = period - elapsed + wait_in_next
+    end
+  elseif consume then
+    cur = cur + cost
+    redis.call('SET', key, int(window) .. ':' .. cur .. ':' .. prev, 'PX', ttl_ms(2 * period - elapsed))
+  end
+  local remaining = idiv(math.max(0, limit * period - weighted - cur * period), period)
+  local reset = 0
+  if cur > 0 then reset = 2 * period - elapsed elseif prev > 0 then reset = period - elapsed end
+  return allowed, remaining, reset, retry
 end

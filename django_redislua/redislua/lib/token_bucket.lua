@@ -1,10 +1,14 @@
 -- token_bucket ("tb"): a bucket of LIMIT tokens (the burst) refilled one token per INTERVAL.
 -- Tokens arrive whole; a full bucket stops the refill clock. Denied requests take nothing.
--- Key: a hash {t = tokens, ts = time of the last refill (us)}; expires when the bucket is full.
+-- Key: a string "<tokens>:<time of the last refill us>"; expires when the bucket is full again.
 -- Params: limit = capacity (burst), param = interval between tokens (us), cost = tokens to take.
-ALGORITHMS['tb'] = function(key, now, capacity, interval, cost, extra)
-  local state = redis.call('HMGET', key, 't', 'ts')
-  local tokens, last = tonumber(state[1]), tonumber(state[2])
+ALGORITHMS['tb'] = function(key, now, capacity, interval, cost, extra, consume)
+  local tokens, last
+  local state = redis.call('GET', key)
+  if state then
+    local t, l = string.match(state, '^(%d+):(%d+)$')
+    tokens, last = tonumber(t), tonumber(l)
+  end
   if not tokens or not last then
     tokens, last = capacity, now
   elseif now > last then
@@ -16,24 +20,15 @@ ALGORITHMS['tb'] = function(key, now, capacity, interval, cost, extra)
     end
   end
   if tokens > capacity then tokens, last = capacity, now end  -- capacity lowered in settings
-  local allowed = tokens >= cost
-  local function full_in(t)
-    if t >= capacity then return 0 end
-    return math.max(0, last + (capacity - t) * interval - now)
+  if tokens < cost then  -- so tokens < capacity: the bucket is refilling
+    return false, tokens, math.max(0, last + (capacity - tokens) * interval - now),
+           math.max(0, last + (cost - tokens) * interval - now)
   end
-  return {
-    allowed = allowed,
-    commit = function()
-      local left = tokens - cost
-      redis.call('HSET', key, 't', left, 'ts', int(last))
-      expire_us(key, full_in(left))
-    end,
-    report = function(committed)
-      local left = tokens
-      if committed then left = tokens - cost end
-      local retry = 0
-      if not allowed then retry = math.max(0, last + (cost - tokens) * interval - now) end
-      return left, full_in(left), retry
-    end,
-  }
+  if consume then tokens = tokens - cost end
+  local full_in = 0
+  if tokens < capacity then full_in = math.max(0, last + (capacity - tokens) * interval - now) end
+  if consume then
+    redis.call('SET', key, tokens .. ':' .. int(last), 'PX', ttl_ms(full_in))
+  end
+  return true, tokens, full_in, 0
 end

@@ -1,0 +1,301 @@
+"""The rate-limit engine against real Redis: round trips, asyncio twins, slots, identities,
+errors, memory per key, and the server clock."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from unittest import mock
+
+import pytest
+import redis
+
+from django_redislua import Decision, Policy, RateLimited
+from django_redislua.limiting import PolicyError, aevaluate, evaluate
+from django_redislua.limiting.identity import MAX_IDENTITY
+from django_redislua.testing import CommandRecorder
+
+ALGORITHMS = [
+    "fixed_window", "sliding_log", "sliding_window", "token_bucket", "leaky_bucket", "gcra",
+    "concurrency",
+]
+O1_ALGORITHMS = ["fixed_window", "sliding_window", "token_bucket", "leaky_bucket", "gcra"]
+WRITES = {"SET", "HSET", "ZADD", "PEXPIRE", "ZREMRANGEBYSCORE", "DEL", "INCR", "INCRBY"}
+
+
+def make(algorithm: str, name: str = "api", rate: str = "5/m", **options: object) -> Policy:
+    if algorithm == "concurrency":
+        return Policy(name, algorithm=algorithm, limit=5, timeout="10m")
+    return Policy(name, rate=rate, algorithm=algorithm, **options)  # type: ignore[arg-type]
+
+
+# -- one round trip ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_hit_and_peek_are_one_evalsha_each(algorithm: str, recorder: CommandRecorder) -> None:
+    policy = make(algorithm)
+    policy.hit("warm")  # the first call after SCRIPT FLUSH loads the script
+    with recorder:
+        policy.hit("k")
+    assert recorder.commands == ["EVALSHA"]
+    assert "TIME" in recorder.script_commands  # the server's clock, not the app's
+
+    peeker = CommandRecorder(recorder._control)
+    with peeker:
+        decision = policy.peek("k")
+    assert peeker.commands == ["EVALSHA"]
+    assert not WRITES & set(peeker.script_commands)
+    assert decision.allowed and decision.remaining == 4
+
+
+def test_multi_policy_evaluate_is_one_evalsha(recorder: CommandRecorder) -> None:
+    policies = [make(a, name=f"p{i}") for i, a in enumerate(ALGORITHMS)]
+    evaluate([(p, "warm", 1) for p in policies])
+    with recorder:
+        decisions = evaluate([(p, "user:1", 1) for p in policies])
+    assert recorder.commands == ["EVALSHA"]
+    assert [d.policy for d in decisions] == policies
+    assert all(d.allowed for d in decisions)
+
+
+def test_after_script_flush_the_call_reloads_once(
+    r: redis.Redis, recorder: CommandRecorder
+) -> None:
+    policy = make("gcra")
+    policy.hit("k")
+    r.script_flush()
+    with recorder:
+        decision = policy.hit("k")
+    assert decision.allowed and decision.remaining == 3
+    assert recorder.commands == ["EVALSHA", "SCRIPT", "EVALSHA"]  # NOSCRIPT, LOAD, retry
+
+
+# -- multi-policy all-or-nothing -------------------------------------------------------------------
+
+def test_a_request_denied_by_one_policy_consumes_nothing_elsewhere(r: redis.Redis) -> None:
+    burst = Policy("burst", rate="2/s", algorithm="fixed_window")
+    sustained = Policy("sustained", rate="100/h", algorithm="sliding_log")
+    for _ in range(2):
+        assert all(evaluate([(burst, "u", 1), (sustained, "u", 1)]))
+    before = r.dump(sustained.redis_key("u"))
+    denied = evaluate([(burst, "u", 1), (sustained, "u", 1)])
+    assert [d.allowed for d in denied] == [False, True]
+    assert denied[1].remaining == 98  # reported, not consumed
+    assert r.dump(sustained.redis_key("u")) == before
+    assert sustained.peek("u").remaining == 98
+
+
+def test_the_same_key_twice_in_one_call_is_refused() -> None:
+    policy = make("fixed_window")
+    with pytest.raises(ValueError, match="twice"):
+        evaluate([(policy, "u", 1), (policy, "u", 1)])
+
+
+# -- asyncio twins -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_asyncio_twins(algorithm: str) -> None:
+    policy = make(algorithm)
+
+    async def main() -> tuple[Decision, Decision, Decision]:
+        first = await policy.ahit("k")
+        looked = await policy.apeek("k")
+        await policy.areset("k")
+        return first, looked, await policy.apeek("k")
+
+    first, looked, after_reset = asyncio.run(main())
+    assert first.allowed and first.remaining == 4
+    assert looked.remaining == 4
+    assert after_reset.remaining == 5 and after_reset.reset_after == 0.0
+
+
+def test_aevaluate_matches_evaluate() -> None:
+    a, b = make("gcra", name="a"), make("token_bucket", name="b")
+    decisions = asyncio.run(aevaluate([(a, "u", 2), (b, "u", 3)]))
+    assert [(d.allowed, d.remaining) for d in decisions] == [(True, 3), (True, 2)]
+    assert [(d.allowed, d.remaining) for d in evaluate([(a, "u", 1), (b, "u", 1)], peek=True)] == [
+        (True, 3), (True, 2),
+    ]
+
+
+def test_aslot_holds_and_releases() -> None:
+    policy = Policy("export", algorithm="concurrency", limit=1, timeout="10m")
+
+    async def main() -> None:
+        async with policy.aslot("u") as decision:
+            assert decision.lease is not None
+            assert (await policy.apeek("u")).remaining == 0
+            with pytest.raises(RateLimited):
+                async with policy.aslot("u"):
+                    pass  # pragma: no cover - never entered
+        assert (await policy.apeek("u")).remaining == 1
+
+    asyncio.run(main())
+
+
+# -- concurrency slots, reset --------------------------------------------------------------------
+
+def test_slot_holds_and_releases(r: redis.Redis) -> None:
+    policy = Policy("export", algorithm="concurrency", limit=2, timeout="10m")
+    with policy.slot("u") as first:
+        assert first.remaining == 1
+        with policy.slot("u"):
+            with pytest.raises(RateLimited) as denied, policy.slot("u"):
+                pass  # pragma: no cover - never entered
+            assert denied.value.retry_after == pytest.approx(600, abs=1)
+        assert policy.peek("u").remaining == 1
+    assert policy.peek("u").remaining == 2
+    assert not r.exists(policy.redis_key("u"))  # the emptied set is gone
+
+
+def test_release_frees_only_its_own_lease() -> None:
+    policy = Policy("export", algorithm="concurrency", limit=2, timeout="10m")
+    one, two = policy.hit("u"), policy.hit("u")
+    assert not policy.hit("u").allowed
+    policy.release("u", one)
+    policy.release("u", one)  # a second release of the same lease frees nothing more
+    assert policy.peek("u").remaining == 1
+    policy.release("u", two)
+    assert policy.peek("u").remaining == 2
+
+
+def test_a_crashed_holders_lease_expires() -> None:
+    policy = Policy("export", algorithm="concurrency", limit=1, timeout="10s")
+    now = 1_700_000_000_000_000
+    [held] = evaluate([(policy, "u", 1)], now_us=now)
+    assert held.allowed and held.reset_after == 10.0
+    [denied] = evaluate([(policy, "u", 1)], now_us=now + 9_999_999)
+    assert not denied.allowed and denied.retry_after == 1e-6
+    [later] = evaluate([(policy, "u", 1)], now_us=now + 10_000_000)
+    assert later.allowed
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_reset_forgets_the_state(algorithm: str, r: redis.Redis) -> None:
+    policy = make(algorithm)
+    for _ in range(5):
+        assert policy.hit("k").allowed
+    assert not policy.hit("k").allowed
+    policy.reset("k")
+    assert not r.exists(policy.redis_key("k"))
+    assert policy.hit("k").allowed
+
+
+# -- contract examples ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("algorithm", ["token_bucket", "leaky_bucket", "gcra"])
+def test_burst_admits_exactly_burst_then_one_per_interval(algorithm: str) -> None:
+    policy = Policy("b", rate="10/h", algorithm=algorithm, burst=10)
+    now = 1_700_000_000_000_000
+    admitted = [d.allowed for d in (evaluate([(policy, "u", 1)], now_us=now)[0] for _ in range(11))]
+    assert admitted == [True] * 10 + [False]
+    [denied] = evaluate([(policy, "u", 1)], now_us=now)
+    assert denied.retry_after == 360.0
+    assert denied.reset_after == 3600.0
+    assert evaluate([(policy, "u", 1)], now_us=now + 360_000_000)[0].allowed
+    assert not evaluate([(policy, "u", 1)], now_us=now + 360_000_000)[0].allowed
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "concurrency"])
+def test_cost_takes_several_units(algorithm: str) -> None:
+    policy = make(algorithm)
+    assert policy.hit("k", cost=3).remaining == 2
+    denied = policy.hit("k", cost=3)
+    assert not denied.allowed and denied.remaining == 2 and denied.retry_after > 0
+    assert policy.hit("k", cost=2).remaining == 0
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cost", [0, -1, 6])
+def test_cost_outside_one_to_limit_is_refused(cost: int) -> None:
+    with pytest.raises(ValueError, match="cost"):
+        evaluate([(make("gcra"), "k", cost)])
+
+
+def test_a_concurrency_slot_costs_one() -> None:
+    with pytest.raises(ValueError, match="costs 1"):
+        evaluate([(make("concurrency"), "k", 2)])
+
+
+def test_a_dynamic_rate_must_be_resolved_first() -> None:
+    policy = Policy("dyn", rate=lambda request: "3/m", algorithm="gcra")
+    assert policy.is_dynamic
+    with pytest.raises(PolicyError) as error:
+        policy.hit("k")
+    assert error.value.check_id == "redislua.E006"
+    resolved = policy.with_rate("3/m")
+    assert resolved.hit("k").remaining == 2
+    assert resolved.redis_key("k") == policy.redis_key("k")
+
+
+# -- identities ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "identity",
+    ["x" * 100_000, b"\xff\x00\x01binary", "line\nbreak", "{brace}", "a}b{c", "spa ce", "#123",
+     "ünïcode", "", b""],
+)
+def test_identities_are_bounded_and_safe(identity: str | bytes, r: redis.Redis) -> None:
+    policy = make("fixed_window")
+    key = policy.redis_key(identity)
+    assert len(key) <= len(policy.redis_key("")) + MAX_IDENTITY + 2
+    assert key.isprintable() and " " not in key
+    assert key.count("{") == 1 and key.count("}") == 1 and key.endswith("}")
+    assert policy.hit(identity).allowed
+    assert r.exists(key)
+
+
+def test_distinct_identities_get_distinct_keys() -> None:
+    policy = make("fixed_window")
+    values: list[str | bytes | int] = ["a", b"a\xff", "a\n", "x" * 65, "x" * 66, 42, "{a}", "#a"]
+    keys = {policy.redis_key(v) for v in values}
+    assert len(keys) == len(values)
+    assert policy.redis_key(42) == policy.redis_key("42")
+    assert policy.redis_key("user:42") == "rl:api:fw:{user:42}"  # short printable: kept readable
+
+
+# -- memory --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("algorithm", O1_ALGORITHMS)
+def test_one_keys_state_fits_in_128_bytes(algorithm: str, r: redis.Redis) -> None:
+    policy = Policy("api", rate="100/m", algorithm=algorithm)
+    for _ in range(50):
+        policy.hit("user:12345")
+    assert r.memory_usage(policy.redis_key("user:12345"), samples=0) <= 128
+
+
+@pytest.mark.parametrize("algorithm", ["sliding_log", "concurrency"])
+def test_per_entry_memory_of_the_log_algorithms(algorithm: str, r: redis.Redis) -> None:
+    policy = (
+        Policy("api", rate="100/m", algorithm=algorithm) if algorithm == "sliding_log"
+        else Policy("api", algorithm=algorithm, limit=100, timeout="10m")
+    )
+    key = policy.redis_key("user:12345")
+    policy.hit("user:12345")
+    first = r.memory_usage(key, samples=0)
+    for _ in range(100):
+        policy.hit("user:12345")
+    per_entry = (r.memory_usage(key, samples=0) - first) / 99
+    assert per_entry <= 48  # the figure docs/ratelimit.md quotes
+
+
+# -- time is the server's ------------------------------------------------------------------------
+
+def test_two_clients_share_one_quota_on_the_servers_clock(r: redis.Redis) -> None:
+    """Two app servers (two connections) with wildly different clocks agree on one quota."""
+    policy = Policy("login", rate="3/m", algorithm="sliding_log")
+    kwargs = r.connection_pool.connection_kwargs
+    other = redis.Redis(host=kwargs["host"], port=kwargs["port"], db=kwargs.get("db", 0))
+    try:
+        assert evaluate([(policy, "ip", 1)], client=r)[0].allowed
+        skewed = time.time() + 86_400
+        with mock.patch("time.time", return_value=skewed), \
+                mock.patch("time.monotonic", return_value=skewed):
+            assert evaluate([(policy, "ip", 1)], client=other)[0].allowed
+            assert evaluate([(policy, "ip", 1)], client=other)[0].remaining == 0
+            denied = evaluate([(policy, "ip", 1)], client=r)[0]
+        assert not denied.allowed
+        assert 59 < denied.retry_after <= 60
+    finally:
+        other.close()
