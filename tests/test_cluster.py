@@ -51,3 +51,34 @@ def test_sentinel_url_follows_the_primary():
         policy = Policy("s", rate="2/m", algorithm="sliding_log")
         assert [policy.hit("k").allowed for _ in range(3)] == [True, True, False]
         assert servers.primary.client().exists(policy.redis_key("k")) == 1
+
+
+def test_locks_on_a_cluster_are_fenced_listed_on_every_primary_and_released(on_cluster):
+    from django_redislua.locks import Lock, Semaphore
+    from django_redislua.locks.inspect import force_release, scan_locks
+
+    held = [Lock(f"job:{i}", timeout=30) for i in range(12)]
+    for lock in held:
+        assert lock.acquire(blocking=False)
+    assert len({on_cluster.keyslot(f"x{{{lock.name}}}") for lock in held}) > 3
+
+    found: dict[str, int | None] = {}
+    cursor = 0
+    for _ in range(1000):  # bounded: every primary, page by page
+        cursor, page = scan_locks(cursor, count=100)
+        found.update({info.name: info.fencing_token for info in page})
+        if cursor == 0:
+            break
+    assert sorted(found) == sorted(lock.name for lock in held)
+
+    again = Lock("job:0", timeout=30)
+    assert not again.acquire(blocking=False)
+    assert force_release("job:0")
+    assert again.acquire(blocking=False) and again.token > held[0].token
+    again.release()
+    for lock in held[1:]:
+        lock.release()
+
+    permits = Semaphore("exports", limit=2, timeout=30)
+    assert permits.acquire(blocking=False) and permits.acquire(blocking=False)
+    assert not permits.acquire(blocking=False)
