@@ -61,6 +61,16 @@ def relative(seconds: float) -> str:
     return f"in {duration(seconds)}" if seconds > 0 else f"{duration(-seconds)} ago"
 
 
+def _readable(value: str, now: float) -> str:
+    """A stored value with its instants (alone or ``:``-joined) shown relative to ``now``."""
+    parts = value.split(":")
+    shown = []
+    for part in parts:
+        at = inspect.instant(part)
+        shown.append(part if at is None else relative(at - now))
+    return " · ".join(shown)
+
+
 def _key_row(state: inspect.KeyState) -> dict[str, Any]:
     limit, remaining = state.limit, state.remaining
     return {
@@ -72,10 +82,8 @@ def _key_row(state: inspect.KeyState) -> dict[str, Any]:
             "now" if state.reset_after <= 0 else relative(state.reset_after)
         ),
         "ttl": "no expiry" if state.ttl is None else duration(state.ttl),
-        "fields": [
-            (name, value, relative(state.instants[name]) if name in state.instants else "")
-            for name, value in state.fields
-        ],
+        "fields": [(name, value, _readable(value, state.server_time))
+                   for name, value in state.fields],
     }
 
 

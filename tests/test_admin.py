@@ -16,7 +16,7 @@ from django.db import connection
 from django.test import Client
 
 from django_redislua import get_policy
-from django_redislua.admin import duration, relative
+from django_redislua.admin import _readable, duration, relative
 from django_redislua.limiting import inspect
 from django_redislua.locks import Lock
 from django_redislua.models import RedisLua
@@ -295,6 +295,14 @@ def test_durations_read_like_text(seconds: float, text: str) -> None:
     assert duration(seconds) == text
     assert relative(seconds) == f"in {text}"
     assert relative(-seconds) == f"{text} ago"
+
+
+def test_stored_instants_read_relative_to_the_server_clock() -> None:
+    now = 1_795_312_102.5
+    assert _readable("1795312105500000", now) == "in 3.0 s"
+    assert _readable("15:1795312100000000", now) == "15 · 2.5 s ago"
+    assert _readable("7", now) == "7"
+    assert _readable("abc:1795312105500000", now) == "abc · in 3.0 s"
 
 
 # -- locks -------------------------------------------------------------------------------------

@@ -49,8 +49,8 @@ class KeyState:
     reset_after: float | None  # seconds until the state is full again
     ttl: float | None  # seconds; None when the key has no expiry
     fields: list[tuple[str, str]]  # the algorithm's own state, as stored
-    instants: dict[str, float]  # field name -> seconds from now (negative: in the past)
     memory: int | None  # bytes, MEMORY USAGE (sampled)
+    server_time: float  # the server clock when the key was read, seconds since the epoch
 
 
 @dataclass(frozen=True)
@@ -243,10 +243,6 @@ def _states(node: tuple[str, redis.Redis], keys: Sequence[str]) -> list[KeyState
         if kind == "none":
             continue  # expired since SCAN saw it
         policy_name, code, identity = parts
-        instants = {
-            f: (int(v) - now_us) / US for f, v in fields
-            if v.isdigit() and _INSTANT_US[0] < int(v) < _INSTANT_US[1]
-        }
         states.append(KeyState(
             key=key, node=name, policy_name=policy_name, algorithm=ALGORITHM_NAMES[code],
             identity=identity, policy=policy,
@@ -254,10 +250,20 @@ def _states(node: tuple[str, redis.Redis], keys: Sequence[str]) -> list[KeyState
             limit=policy.limit if policy else None,
             reset_after=int(peeked[2]) / US if peeked else None,
             ttl=pttl / 1000 if pttl >= 0 else None,
-            fields=fields, instants=instants,
-            memory=int(memory) if memory is not None else None,
+            fields=fields, memory=int(memory) if memory is not None else None,
+            server_time=now_us / US,
         ))
     return states
+
+
+def instant(text: str) -> float | None:
+    """Seconds since the epoch if ``text`` is an instant in microseconds on the server clock.
+
+    The algorithms store instants as integer microseconds, alone or ``:``-joined with counts.
+    """
+    if text.isdigit() and _INSTANT_US[0] < int(text) < _INSTANT_US[1]:
+        return int(text) / US
+    return None
 
 
 def _checked(reply: Any) -> Any:

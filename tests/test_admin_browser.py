@@ -1,0 +1,139 @@
+"""The admin page in a real browser: Debian's headless Chromium driven by Playwright.
+
+Needs the Debian packages ``chromium`` (and ``chromium-driver``); skipped with a reason when
+``/usr/bin/chromium`` or the ``playwright`` package is missing. Never ``playwright install``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from django_redislua import get_policy
+from django_redislua.locks import Lock
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+# Set REDISLUA_SCREENSHOTS to a directory to keep the screenshots (docs/admin-screenshot.png
+# is one of them); otherwise they go to the test's tmp_path.
+SCREENSHOTS = os.environ.get("REDISLUA_SCREENSHOTS")
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(),
+                       reason="no /usr/bin/chromium: apt-get install -y chromium chromium-driver"),
+    pytest.mark.urls("tests.testapp.admin_urls"),
+]
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is missing")
+
+
+@pytest.fixture
+def admin_user(transactional_db: None) -> User:
+    """A staff user with the app's change permission (created before the browser starts)."""
+    user = User.objects.create_user("ops", password="correct horse", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="change_redislua"))
+    return user
+
+
+@pytest.fixture
+def page(admin_user: User) -> Iterator[Any]:
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1360, "height": 860})
+        tab = context.new_page()
+        tab.set_default_timeout(10_000)
+        try:
+            yield tab
+        finally:
+            context.close()
+            browser.close()
+
+
+def _shoot(page: Any, tmp_path: Path, name: str) -> Path:
+    target = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
+    target.mkdir(parents=True, exist_ok=True)
+    path = target / name
+    page.screenshot(path=str(path), full_page=True)
+    print(f"\nscreenshot: {path}")
+    return path
+
+
+def test_limit_see_reset_lock_see_release(page: Any, live_server: Any, tmp_path: Path) -> None:
+    base = live_server.url
+    expect = sync_api.expect
+
+    # Log in through the admin's own form.
+    page.goto(f"{base}/admin/login/?next=/admin/")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "correct horse")
+    page.click("input[type=submit]")
+    index_link = page.get_by_role("rowheader", name="Redis Lua").get_by_role("link")
+    expect(index_link).to_be_visible()
+
+    # Hit the limited view ("login": sliding_log 5/m by IP) until it says no.
+    statuses = [page.goto(f"{base}/limited/").status for _ in range(6)]
+    assert statuses == [200] * 5 + [429]
+
+    # Some other live state, so the page shows every kind of row.
+    get_policy("api").hit("user:42", cost=14)
+    get_policy("search").hit("user:42", cost=35)
+    get_policy("export").hit("user:42")
+    get_policy("login").hit("a visitor with a very long, unsafe identity")
+
+    page.goto(f"{base}/admin/")
+    index_link.click()
+    row = page.locator("tr[data-key='rl:login:sl:{127.0.0.1}']")
+    expect(row).to_be_visible()
+    expect(row.locator(".redislua-remaining")).to_have_text(re.compile(r"^0\s*/\s*5$"))
+    assert row.locator("meter").get_attribute("value") == "0"
+    expect(page.locator("tr[data-key='rl:api:gc:{user:42}']")).to_be_visible()
+    _shoot(page, tmp_path, "admin-screenshot.png")
+
+    # Reset it: a confirmation page first, then the POST.
+    row.get_by_role("link", name="Reset").click()
+    expect(page.locator("h1")).to_have_text("Reset a rate-limit key?")
+    page.get_by_role("button", name="Yes, reset it").click()
+    expect(page.locator(".messagelist .success")).to_contain_text("Reset rl:login:sl:{127.0.0.1}")
+    expect(page.locator("tr[data-key='rl:login:sl:{127.0.0.1}']")).to_have_count(0)
+    assert page.goto(f"{base}/limited/").status == 200  # a full quota again
+
+    # A held lock: seen on the Locks tab, then force-released.
+    lock = Lock("nightly-report", timeout=60)
+    assert lock.acquire(blocking=False)
+    page.goto(f"{base}/admin/django_redislua/redislua/")
+    page.get_by_role("link", name="Locks", exact=True).click()
+    lock_row = page.locator("tr[data-lock='nightly-report']")
+    expect(lock_row).to_be_visible()
+    expect(lock_row).to_contain_text(str(lock.token))
+    _shoot(page, tmp_path, "admin-locks-screenshot.png")
+    lock_row.get_by_role("link", name="Force release").click()
+    page.get_by_role("button", name="Yes, release it").click()
+    expect(page.locator(".messagelist .success")).to_contain_text("Released lock nightly-report")
+    expect(page.locator("tr[data-lock='nightly-report']")).to_have_count(0)
+    assert not lock.owned() and not lock.locked()
+
+
+def test_auto_refresh_toggle_reloads_the_page(page: Any, live_server: Any) -> None:
+    expect = sync_api.expect
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/django_redislua/redislua/")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "correct horse")
+    page.click("input[type=submit]")
+    expect(page.locator("tr[data-key]")).to_have_count(0)
+
+    get_policy("login").hit("198.51.100.9")  # appears only once the page reloads by itself
+    toggle = page.locator("#redislua-autorefresh")
+    expect(toggle).not_to_be_checked()
+    toggle.check()
+    expect(page.locator("tr[data-key='rl:login:sl:{198.51.100.9}']")).to_be_visible(timeout=8_000)
+    expect(page.locator("#redislua-autorefresh")).to_be_checked()  # remembered across reloads
+    page.locator("#redislua-autorefresh").uncheck()
