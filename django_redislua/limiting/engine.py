@@ -34,31 +34,34 @@ def _nonce() -> str:
 def _prepare(
     checks: Sequence[Check], peek: bool, now_us: int | None
 ) -> tuple[list[str], list[Any], list[str | None]]:
+    """KEYS, ARGV and lease ids (for concurrency checks) of one script call."""
     keys: list[str] = []
     args: list[Any] = ["peek" if peek else "hit", "" if now_us is None else now_us]
     leases: list[str | None] = []
     for policy, identity, cost in checks:
-        if policy.is_dynamic:
+        if policy._rate_callable is not None:
             raise PolicyError(
                 "redislua.E006",
                 f"policy {policy.name!r} has a callable rate; resolve it with policy.with_rate()",
             )
-        if cost < 1 or cost > policy.limit:
+        limit = policy.limit
+        if not 1 <= cost <= limit:
             raise ValueError(
-                f"policy {policy.name!r}: cost {cost} must be between 1 and "
-                f"the limit {policy.limit}"
+                f"policy {policy.name!r}: cost {cost} must be between 1 and the limit {limit}"
             )
         code = policy.code
-        extra = ""
+        lease = None
         if code == "sl":
             extra = _nonce()
         elif code == "cc":
             if cost != 1:
                 raise ValueError(f"policy {policy.name!r}: a concurrency slot costs 1")
-            extra = _nonce()
-        leases.append(extra if code == "cc" else None)
+            extra = lease = _nonce()
+        else:
+            extra = ""
+        leases.append(lease)
         keys.append(policy.redis_key(identity))
-        args += (code, policy.limit, policy.param, cost, extra)
+        args += (code, limit, policy.param, cost, extra)
     if len(keys) > 1 and len(set(keys)) != len(keys):
         # The script decides every key on the state before any write: a key twice would be
         # counted once.
@@ -69,6 +72,12 @@ def _prepare(
 def _decisions(
     checks: Sequence[Check], reply: Sequence[int], leases: Sequence[str | None], peek: bool
 ) -> list[Decision]:
+    if len(checks) == 1:  # the common case, kept lean
+        policy, identity, _cost = checks[0]
+        allowed = reply[0] == 1
+        lease = leases[0] if allowed and not peek else None
+        return [Decision(allowed, policy.limit, reply[1], reply[2] / US, reply[3] / US, policy,
+                         identity, lease)]
     committed = not peek and all(reply[0::4])
     return [
         Decision(
@@ -92,7 +101,8 @@ def evaluate(
     client: SyncClient | None = None,
 ) -> list[Decision]:
     """Decide every ``(policy, identity, cost)`` in one script call. ``now_us`` is for tests."""
-    client = client or get_client()
+    if client is None:
+        client = get_client()
     script = get_script(SCRIPT)
     if len(checks) == 1 or not isinstance(client, CLUSTER_CLIENTS):
         keys, args, leases = _prepare(checks, peek, now_us)
@@ -112,7 +122,8 @@ async def aevaluate(
     client: AsyncClient | None = None,
 ) -> list[Decision]:
     """The asyncio twin of :func:`evaluate`."""
-    client = client or get_async_client()
+    if client is None:
+        client = get_async_client()
     script = get_script(SCRIPT)
     if len(checks) == 1 or not isinstance(client, CLUSTER_CLIENTS):
         keys, args, leases = _prepare(checks, peek, now_us)

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import import_string
 
+from django_redislua.conf import settings
+from django_redislua.connection import get_async_client, get_client
 from django_redislua.limiting.identity import bound_identity
 from django_redislua.limiting.rates import Rate, RateError, parse_duration, parse_rate
 
@@ -182,65 +184,43 @@ class Policy:
         The identity is the hash tag, so one identity's keys share a cluster slot.
         """
         if prefix is None:
-            from django_redislua.conf import settings
-
             prefix = settings.KEY_PREFIX
         return f"{prefix}:{self.name}:{self.code}:{{{bound_identity(identity)}}}"
 
     # -- deciding (one round trip each) -------------------------------------------------------
     def hit(self, key: str | bytes | int, cost: int | None = None) -> Decision:
-        from django_redislua.limiting.engine import evaluate
-
-        return evaluate([(self, key, cost or self.cost)])[0]
+        return engine.evaluate([(self, key, self.cost if cost is None else cost)])[0]
 
     def peek(self, key: str | bytes | int) -> Decision:
-        from django_redislua.limiting.engine import evaluate
-
-        return evaluate([(self, key, self.cost)], peek=True)[0]
+        return engine.evaluate([(self, key, self.cost)], peek=True)[0]
 
     def reset(self, key: str | bytes | int) -> None:
-        from django_redislua.connection import get_client
-
         get_client().delete(self.redis_key(key))
 
     def release(self, key: str | bytes | int, decision: Decision) -> None:
         """Give back a concurrency slot taken by ``decision``."""
-        from django_redislua.connection import get_client
-
         if decision.lease is not None:
             get_client().zrem(self.redis_key(key), decision.lease)
 
     async def ahit(self, key: str | bytes | int, cost: int | None = None) -> Decision:
-        from django_redislua.limiting.engine import aevaluate
-
-        return (await aevaluate([(self, key, cost or self.cost)]))[0]
+        return (await engine.aevaluate([(self, key, self.cost if cost is None else cost)]))[0]
 
     async def apeek(self, key: str | bytes | int) -> Decision:
-        from django_redislua.limiting.engine import aevaluate
-
-        return (await aevaluate([(self, key, self.cost)], peek=True))[0]
+        return (await engine.aevaluate([(self, key, self.cost)], peek=True))[0]
 
     async def areset(self, key: str | bytes | int) -> None:
-        from django_redislua.connection import get_async_client
-
         await get_async_client().delete(self.redis_key(key))
 
     async def arelease(self, key: str | bytes | int, decision: Decision) -> None:
-        from django_redislua.connection import get_async_client
-
         if decision.lease is not None:
             await get_async_client().zrem(self.redis_key(key), decision.lease)
 
     def slot(self, key: str | bytes | int) -> AbstractContextManager[Decision]:
         """``with policy.slot(key):`` holds a concurrency slot; RateLimited if none is free."""
-        from django_redislua.limiting.engine import slot
-
-        return slot(self, key)
+        return engine.slot(self, key)
 
     def aslot(self, key: str | bytes | int) -> AbstractAsyncContextManager[Decision]:
-        from django_redislua.limiting.engine import aslot
-
-        return aslot(self, key)
+        return engine.aslot(self, key)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -303,3 +283,9 @@ class RateLimited(Exception):
     @property
     def retry_after(self) -> float:
         return max((d.retry_after for d in self.decisions if not d.allowed), default=0.0)
+
+
+# At the bottom: the engine imports this module, and Policy's methods call into the engine. A
+# module-level import (not one inside each method, which costs microseconds per call) keeps
+# the hot path lean.
+from django_redislua.limiting import engine  # noqa: E402
