@@ -29,18 +29,30 @@ local ALGORITHMS = {}
 local now = tonumber(ARGV[2])
 if not now then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
+end
+local hit = ARGV[1] == 'hit'
+
+if #KEYS == 1 then
+  -- One policy, the common case: consuming only when allowed is already all-or-nothing.
+  local algorithm = ALGORITHMS[ARGV[3]]
+  if not algorithm then
+    return redis.error_reply('ERR redislua: unknown algorithm ' .. tostring(ARGV[3]))
+  end
+  local allowed, remaining, reset, retry = algorithm(
+    KEYS[1], now, tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], hit)
+  return {allowed and 1 or 0, math.max(0, remaining), math.max(0, reset), math.max(0, retry)}
 end
 
--- Decide every policy, consuming as it goes when CONSUME; returns the reply and whether every
--- policy allowed. Deciding only reads, so a second pass over unchanged state decides the same.
+-- Several policies: decide every one without writing; only if all allow (and this is a hit),
+-- decide again consuming. Nothing was written in between, so the second pass decides the same.
 local function decide(consume)
   local reply, all_allowed = {}, true
   for i = 1, #KEYS do
     local o = 3 + 5 * (i - 1)
     local algorithm = ALGORITHMS[ARGV[o]]
     if not algorithm then
-      return redis.error_reply('ERR redislua: unknown algorithm ' .. tostring(ARGV[o]))
+      return redis.error_reply('ERR redislua: unknown algorithm ' .. tostring(ARGV[o])), false
     end
     local allowed, remaining, reset, retry = algorithm(
       KEYS[i], now, tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]),
@@ -54,11 +66,6 @@ local function decide(consume)
   return reply, all_allowed
 end
 
-local hit = ARGV[1] == 'hit'
-if #KEYS == 1 then
-  -- One policy: consuming only when allowed is already all-or-nothing.
-  return (decide(hit))
-end
 local reply, all_allowed = decide(false)
 if hit and all_allowed then
   reply = decide(true)
