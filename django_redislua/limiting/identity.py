@@ -8,23 +8,43 @@ in the admin; anything else becomes a fixed-length digest.
 from __future__ import annotations
 
 import hashlib
-import re
 
 MAX_IDENTITY = 64
-_SAFE = re.compile(rf"[!-z|~]{{1,{MAX_IDENTITY}}}")  # printable ASCII except space, { and }
+
+
+def _is_kept(text: str) -> bool:
+    """1-64 printable ASCII characters, no space, ``{`` or ``}``, not starting with ``#``.
+
+    String methods rather than a regex: this runs on every decision.
+    """
+    return (
+        0 < len(text) <= MAX_IDENTITY
+        and text.isascii()
+        and text.isprintable()
+        and text[0] != "#"  # the digest marker: a kept value can never look like a digest
+        and " " not in text
+        and "{" not in text
+        and "}" not in text
+    )
+
+
+def _digest(data: bytes) -> str:
+    return "#" + hashlib.sha256(data).hexdigest()[:32]
 
 
 def bound_identity(value: str | bytes | int) -> str:
     """``value`` if short and printable, else ``"#" + sha256(value)[:32]``."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if isinstance(value, bytes):
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, bytes):
         try:
             text = value.decode("ascii")
         except UnicodeDecodeError:
-            return "#" + hashlib.sha256(value).hexdigest()[:32]
+            return _digest(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
     else:
         text = str(value)
-    if _SAFE.fullmatch(text) and not text.startswith("#"):
+    if _is_kept(text):
         return text
-    return "#" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return _digest(text.encode("utf-8", "surrogatepass"))
