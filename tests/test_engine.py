@@ -32,7 +32,9 @@ def make(algorithm: str, name: str = "api", rate: str = "5/m", **options: object
 # -- one round trip ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_hit_and_peek_are_one_evalsha_each(algorithm: str, recorder: CommandRecorder) -> None:
+def test_hit_and_peek_are_one_evalsha_each(
+    algorithm: str, r: redis.Redis, recorder: CommandRecorder
+) -> None:
     policy = make(algorithm)
     policy.hit("warm")  # the first call after SCRIPT FLUSH loads the script
     with recorder:
@@ -40,7 +42,7 @@ def test_hit_and_peek_are_one_evalsha_each(algorithm: str, recorder: CommandReco
     assert recorder.commands == ["EVALSHA"]
     assert "TIME" in recorder.script_commands  # the server's clock, not the app's
 
-    peeker = CommandRecorder(recorder._control)
+    peeker = CommandRecorder(r)
     with peeker:
         decision = policy.peek("k")
     assert peeker.commands == ["EVALSHA"]
