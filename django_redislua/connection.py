@@ -13,8 +13,10 @@ asyncio clients are built per event loop (redis-py's asyncio connections belong 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import weakref
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -198,6 +200,9 @@ _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncClient
 )
 
 
+_closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncGenerator[None, None]] = (
+    weakref.WeakKeyDictionary()
+)
 _closing: set[asyncio.Future[None]] = set()
 
 
@@ -229,6 +234,7 @@ def reset_clients() -> None:
         _sync_client = None
         dropped = list(_async_clients.items())
         _async_clients.clear()
+        _closers.clear()
     for loop, client in dropped:
         _close_soon(loop, client)
 
@@ -245,13 +251,38 @@ def get_client() -> SyncClient:
     return client
 
 
+async def _close_with_loop(
+    loop: asyncio.AbstractEventLoop, client: AsyncClient
+) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        # The client refers to its loop, so the weak-keyed maps would never drop it by themselves.
+        if _async_clients.get(loop) is client:
+            del _async_clients[loop]
+            _closers.pop(loop, None)
+        await client.aclose()
+
+
 def get_async_client() -> AsyncClient:
-    """The asyncio client of the running event loop."""
+    """The asyncio client of the running event loop, closed when that loop shuts down.
+
+    Loops can be short-lived: asgiref's async_to_sync runs each call of an async view under WSGI
+    in a new loop. A client's connections cannot outlive its loop, so the client is tied to the
+    loop's end through an async generator: asyncio.run, asgiref and pytest-asyncio all finalize
+    a loop's async generators (``shutdown_asyncgens``) before closing it.
+    """
     loop = asyncio.get_running_loop()
     client = _async_clients.get(loop)
     if client is None:
         client = _build_async(resolve_endpoint())
+        closer = _close_with_loop(loop, client)
+        # Run the generator to its `yield` now, synchronously (nothing before it awaits): that
+        # registers it with the loop, whose shutdown then runs its `finally`.
+        with contextlib.suppress(StopIteration):
+            closer.__anext__().send(None)
         _async_clients[loop] = client
+        _closers[loop] = closer
     return client
 
 
@@ -274,6 +305,8 @@ def primary_nodes(client: SyncClient | None = None) -> list[tuple[str, redis.Red
 
 async def aclose_client() -> None:
     """Close and forget the running loop's asyncio client (call before the loop ends)."""
-    client = _async_clients.pop(asyncio.get_running_loop(), None)
+    loop = asyncio.get_running_loop()
+    client = _async_clients.pop(loop, None)
+    _closers.pop(loop, None)
     if client is not None:
         await client.aclose()

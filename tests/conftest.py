@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from django_redislua.connection import aclose_client, get_client
+from django_redislua.connection import get_client
 from django_redislua.testing import CommandRecorder, RedisClusterServers
 
 
@@ -21,13 +21,6 @@ def _flush_redis() -> Iterator[None]:
     client.script_flush()
     client.function_flush()
     yield
-
-
-@pytest.fixture(autouse=True)
-async def _close_async_client() -> object:
-    """Async tests share their loop's client; close it before the loop goes away."""
-    yield
-    await aclose_client()
 
 
 @pytest.fixture

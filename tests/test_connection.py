@@ -132,3 +132,21 @@ def test_cluster_url_gives_a_cluster_client_and_every_primary(redis_cluster):
         client = get_client()
         assert isinstance(client, redis.cluster.RedisCluster)
         assert len(primary_nodes()) == 3
+
+
+def test_async_clients_of_short_lived_loops_are_closed_with_them():
+    """Async views under WSGI run each call in a new loop (async_to_sync): no client outlives it."""
+    import gc
+
+    from asgiref.sync import async_to_sync
+
+    from django_redislua.connection import _async_clients
+
+    async def use():
+        return await get_async_client().ping()
+
+    for _ in range(5):
+        assert async_to_sync(use)()
+        assert asyncio.run(use())
+    gc.collect()
+    assert len(_async_clients) == 0
