@@ -4,6 +4,12 @@ Acquire is one script: SET NX PX semantics on a hash that also records the owner
 count and a fencing token taken from a per-name counter that never goes back. The owner token is
 128 random bits held by the Lock object, so any thread or coroutine holding the object may
 release it, and nobody else can. Waiters are woken by the release (see ``waiting``).
+
+A blocked waiter queues itself (in the retry it makes once subscribed), and a full release hands
+the lock straight to the queued waiter whose registration expires first, announcing
+``granted <owner> <token>``: that waiter owns the lock on reading the message, with no acquire
+round trip between release and hand-off. A ``granted`` mark in the lock hash means a hand-off is
+never lost: the heir's next retry, or its withdrawal at its timeout, finds it.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import functools
 import math
 import secrets
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, cast
@@ -22,7 +29,7 @@ from redis.exceptions import RedisError
 
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import keys_for
-from django_redislua.locks.waiting import await_until, wait_until
+from django_redislua.locks.waiting import LONGEST_SLEEP, await_until, wait_until
 from django_redislua.scripts import get_script
 
 P = ParamSpec("P")
@@ -109,11 +116,36 @@ class Lock:
 
     # -- script plumbing, shared by the sync and async paths ---------------------------------
 
-    def _acquire_call(self) -> tuple[list[str], list[str | int]]:
+    def _member(self, owner: str) -> str:
+        """This waiter's entry in the lock's queue (its owner token and the lease it asks for)."""
+        return f"{owner}:{_ms(self.timeout)}"
+
+    def _acquire_call(self, stay_ms: int = 0) -> tuple[list[str], list[str | int]]:
         return (
-            [self.keys.base, self.keys.sub("fence")],
-            [self.owner, _ms(self.timeout), "1" if self.reentrant else "0", self.name],
+            [self.keys.base, self.keys.sub("fence"), self.keys.sub("queue")],
+            [self.owner, _ms(self.timeout), "1" if self.reentrant else "0", self.name, stay_ms],
         )
+
+    @staticmethod
+    def _stay_ms(deadline: float | None) -> int:
+        """How long a queued registration lasts: until the waiter's next retry, at the latest
+        (it sleeps at most LONGEST_SLEEP) or its deadline, with a second's margin."""
+        wait = LONGEST_SLEEP if deadline is None else min(deadline - time.monotonic(),
+                                                          LONGEST_SLEEP)
+        return _ms(max(wait, 0.0) + 1.0)
+
+    def _on_message(self, data: str) -> bool | None:
+        """A wake-up message: the lock handed to us (True), to another waiter (False), or free."""
+        if not data.startswith("granted "):
+            return None
+        _word, heir, token = data.split(" ", 2)
+        if heir != self.owner:
+            return False
+        self.token, self._depth, self.lost = int(token), 1, False
+        return True
+
+    def _withdraw_call(self) -> tuple[list[str], list[str]]:
+        return [self.keys.base, self.keys.sub("queue")], [self.owner, self._member(self.owner)]
 
     def _took(self, reply: list[int]) -> float | None:
         """None when acquired (records token and depth), else seconds until the lease ends."""
@@ -124,7 +156,10 @@ class Lock:
         return math.inf if value == -1 else max(value, 0) / 1000
 
     def _release_call(self, owner: str, mode: str) -> tuple[list[str], list[str]]:
-        return [self.keys.base], [owner, mode, self.keys.channel]
+        return (
+            [self.keys.base, self.keys.sub("fence"), self.keys.sub("queue")],
+            [owner, mode, self.keys.channel, self.name, self._member(owner)],
+        )
 
     def _extend_args(self, additional_time: float | str, replace_ttl: bool) -> list[str | int]:
         return [self.owner, _ms(parse_duration(additional_time)),
@@ -136,18 +171,24 @@ class Lock:
 
     # -- sync --------------------------------------------------------------------------------
 
-    def _attempt(self) -> float | None:
-        keys, args = self._acquire_call()
+    def _attempt(self, stay_ms: int = 0) -> float | None:
+        keys, args = self._acquire_call(stay_ms)
         return self._took(get_script("django_redislua.lock_acquire")(keys=keys, args=args))
+
+    def _wait(self, limit: float | None) -> bool:
+        deadline = None if limit is None else time.monotonic() + limit
+        if wait_until(self.keys.channel, lambda: self._attempt(self._stay_ms(deadline)), limit,
+                      self._on_message):
+            return True
+        keys, args = self._withdraw_call()
+        return self._took(get_script("django_redislua.lock_withdraw")(keys=keys, args=args)) is None
 
     def acquire(self, blocking: bool | None = None,
                 blocking_timeout: float | str | None = None) -> bool:
         """Take the lock; True when held. Waits (woken on release) unless non-blocking."""
         blocking = self.blocking if blocking is None else blocking
         limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
-        if self._attempt() is not None and (
-            not blocking or not wait_until(self.keys.channel, self._attempt, limit)
-        ):
+        if self._attempt() is not None and (not blocking or not self._wait(limit)):
             return False
         if self.auto_renew and self._depth == 1:
             self._start_renewer()
@@ -226,10 +267,20 @@ class Lock:
 
     # -- asyncio -----------------------------------------------------------------------------
 
-    async def _aattempt(self) -> float | None:
-        keys, args = self._acquire_call()
+    async def _aattempt(self, stay_ms: int = 0) -> float | None:
+        keys, args = self._acquire_call(stay_ms)
         return self._took(await get_script("django_redislua.lock_acquire").acall(keys=keys,
                                                                                   args=args))
+
+    async def _await(self, limit: float | None) -> bool:
+        deadline = None if limit is None else time.monotonic() + limit
+        if await await_until(self.keys.channel,
+                             lambda: self._aattempt(self._stay_ms(deadline)), limit,
+                             self._on_message):
+            return True
+        keys, args = self._withdraw_call()
+        script = get_script("django_redislua.lock_withdraw")
+        return self._took(await script.acall(keys=keys, args=args)) is None
 
     async def aacquire(self, blocking: bool | None = None,
                        blocking_timeout: float | str | None = None) -> bool:
@@ -239,7 +290,7 @@ class Lock:
         held_before = self._depth
         try:
             if await self._aattempt() is not None and (
-                not blocking or not await await_until(self.keys.channel, self._aattempt, limit)
+                not blocking or not await self._await(limit)
             ):
                 return False
         except asyncio.CancelledError:
