@@ -6,6 +6,7 @@ key starts with ``REDISLUA["KEY_PREFIX"]``::
 
     rl:lock:{report:daily}            hash {owner, count, token, name}; expires with the lease
     rl:lock:{report:daily}:fence      fencing counter (never expires)
+    rl:lock:{report:daily}:queue      waiters a release may hand the lock to (sorted set)
     rl:lock:{report:daily}:released   pub/sub channel (not a key) that wakes waiters
 """
 
