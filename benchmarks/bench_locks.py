@@ -14,28 +14,17 @@ python-redis-lock (BLPOP wake-up). Every run is bounded in count; figures are me
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-@contextlib.contextmanager
-def redis_url() -> Iterator[str]:
-    from django_redislua.testing import RedisServer
-
-    if os.environ.get("REDIS_URL"):
-        yield os.environ["REDIS_URL"]
-        return
-    with RedisServer() as server:
-        yield server.url
+from django_redislua.testing import running_server
 
 
 def setup_django(url: str) -> None:
@@ -125,7 +114,7 @@ def main() -> None:
     parser.add_argument("--handoffs", type=int, default=50, help="hand-off trials per peer")
     parser.add_argument("--cycles", type=int, default=2000, help="uncontended cycles per peer")
     options = parser.parse_args()
-    with redis_url() as url:
+    with running_server() as url:
         setup_django(url)
         from django_redislua.connection import get_client
 

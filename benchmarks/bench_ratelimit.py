@@ -31,32 +31,22 @@ Bounded in rounds, samples, calls and wall-clock seconds.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import platform
 import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from django_redislua.testing import running_server
+
 QUOTA = 1_000_000  # per hour: never exhausted by a benchmark round
 Hit = Callable[[str], Any]
-
-
-@contextlib.contextmanager
-def redis_url() -> Iterator[str]:
-    from django_redislua.testing import RedisServer
-
-    if os.environ.get("REDIS_URL"):
-        yield os.environ["REDIS_URL"]
-        return
-    with RedisServer() as server:
-        yield server.url
 
 
 def setup_django(url: str) -> None:
@@ -192,7 +182,7 @@ def per_call_medians(found: list[tuple[str, str, Hit]], samples: int,
 
 
 def run(rounds: int, batch: int, samples: int, max_seconds: float) -> list[dict[str, Any]]:
-    with redis_url() as url:
+    with running_server() as url:
         setup_django(url)
         found = contenders(url)
         for index, (_who, _algorithm, hit) in enumerate(found):  # connections, script loads

@@ -198,17 +198,22 @@ class AnonRateThrottle(SimpleRateThrottle):
         return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
 
 
+def _user_or_address_key(throttle: SimpleRateThrottle, request: Request) -> str:
+    """DRF's key for the user and scoped throttles: the user id, else the client address."""
+    if request.user and request.user.is_authenticated:
+        ident: Any = request.user.pk
+    else:
+        ident = throttle.get_ident(request)
+    return throttle.cache_format % {"scope": throttle.scope, "ident": ident}
+
+
 class UserRateThrottle(SimpleRateThrottle):
     """By user id when authenticated, else by client address; scope ``user``."""
 
     scope = "user"
 
     def get_cache_key(self, request: Request, view: APIView) -> str | None:
-        if request.user and request.user.is_authenticated:
-            ident: Any = request.user.pk
-        else:
-            ident = self.get_ident(request)
-        return self.cache_format % {"scope": self.scope, "ident": ident}
+        return _user_or_address_key(self, request)
 
 
 class ScopedRateThrottle(SimpleRateThrottle):
@@ -231,11 +236,7 @@ class ScopedRateThrottle(SimpleRateThrottle):
         return super().allow_request(request, view)
 
     def get_cache_key(self, request: Request, view: APIView) -> str | None:
-        if request.user and request.user.is_authenticated:
-            ident: Any = request.user.pk
-        else:
-            ident = self.get_ident(request)
-        return self.cache_format % {"scope": self.scope, "ident": ident}
+        return _user_or_address_key(self, request)
 
 
 class PolicyThrottle(BaseThrottle):

@@ -52,6 +52,21 @@ def keep_running(task: asyncio.Task[Any]) -> None:
     task.add_done_callback(done)
 
 
+async def release_shielded(release: Awaitable[None], body_raised: bool) -> None:
+    """Leave ``async with``: a cancellation arriving now must not leave the lock (or permit) held,
+    so the release is shielded and, if cancelled, finishes in the background. LockNotOwned is
+    raised only when the body itself succeeded (its end ran unprotected: the caller must know)."""
+    task = asyncio.ensure_future(release)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        keep_running(task)
+        raise
+    except LockNotOwned:
+        if not body_raised:
+            raise
+
+
 class LockError(Exception):
     """Base class of lock errors."""
 
@@ -363,17 +378,7 @@ class Lock:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        # Shielded: a cancellation arriving now must not leave the lock held; the release then
-        # finishes in the background.
-        release = asyncio.ensure_future(self.arelease())
-        try:
-            await asyncio.shield(release)
-        except asyncio.CancelledError:
-            keep_running(release)
-            raise
-        except LockNotOwned:
-            if exc is None:
-                raise
+        await release_shielded(self.arelease(), exc is not None)
 
     # -- decorator ---------------------------------------------------------------------------
 

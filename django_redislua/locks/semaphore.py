@@ -11,7 +11,13 @@ from types import TracebackType
 
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import keys_for
-from django_redislua.locks.lock import LockNotAcquired, LockNotOwned, keep_running, parse_wait
+from django_redislua.locks.lock import (
+    LockNotAcquired,
+    LockNotOwned,
+    keep_running,
+    parse_wait,
+    release_shielded,
+)
 from django_redislua.locks.waiting import await_until, wait_until
 from django_redislua.scripts import get_script
 
@@ -136,12 +142,4 @@ class Semaphore:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        release = asyncio.ensure_future(self.arelease())
-        try:
-            await asyncio.shield(release)
-        except asyncio.CancelledError:
-            keep_running(release)
-            raise
-        except LockNotOwned:
-            if exc is None:
-                raise
+        await release_shielded(self.arelease(), exc is not None)
