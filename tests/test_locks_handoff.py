@@ -155,3 +155,16 @@ async def test_async_hand_off_and_cancellation_leave_no_registration(r):
     assert queue_size(r, cancelled) == 0
     await holder.arelease()
     assert not await holder.alocked()
+
+
+def test_a_thread_keeps_its_subscriber_connection_between_waits(r, recorder):
+    holder = Lock("k", timeout=30)
+    assert holder.acquire()
+    waiter = Lock("k", timeout=30)
+    assert not waiter.acquire(blocking_timeout=0.05)  # opens this thread's subscriber
+    with recorder:
+        assert not waiter.acquire(blocking_timeout=0.05)
+    assert "SUBSCRIBE" in recorder.commands and "UNSUBSCRIBE" in recorder.commands
+    assert "CLIENT" not in recorder.commands and "HELLO" not in recorder.commands
+    holder.release()
+    assert waiter.acquire(blocking_timeout=1)  # the kept connection still delivers

@@ -4,7 +4,8 @@ expire (whichever is first), bounded by its own deadline. There is no fixed-inte
 waiter wakes when the state it waits on may have changed, and at no other time.
 
 The subscription is confirmed by the server before the retry, so a release between the failed
-try and the subscription cannot be missed.
+try and the subscription cannot be missed. A thread keeps its pub/sub connection from one wait to
+the next (subscribing and unsubscribing per wait), so waiting costs no new connection.
 
 A caller may read the messages itself (``on_message``): a lock's release hands the lock to a
 queued waiter and says so on the channel, so that waiter is done on reading the message, with no
@@ -13,9 +14,12 @@ further round trip, and the others know not to try.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from django_redislua.connection import get_async_client, get_client
 
@@ -44,13 +48,18 @@ def _bounded(wait: float, deadline: float | None) -> float:
     return min(max(wait, 0.0), LONGEST_SLEEP)
 
 
-def _is(message: Any, kind: str) -> bool:
-    return isinstance(message, dict) and message.get("type") in (kind, kind.encode())
+def _is(message: Any, kind: str, channel: str) -> bool:
+    """A pub/sub message of type ``kind`` on ``channel`` (a kept connection may still deliver
+    what was sent to a channel of an earlier wait)."""
+    if not isinstance(message, dict) or message.get("type") not in (kind, kind.encode()):
+        return False
+    name = message.get("channel")
+    return (name.decode() if isinstance(name, bytes) else name) == channel
 
 
-def _verdict(message: Any, on_message: OnMessage | None) -> bool | str | None:
+def _verdict(message: Any, channel: str, on_message: OnMessage | None) -> bool | str | None:
     """"sleep" for no message; else what ``on_message`` makes of it (None: retry)."""
-    if not _is(message, "message"):
+    if not _is(message, "message", channel):
         return "sleep"
     if on_message is None:
         return None
@@ -58,35 +67,69 @@ def _verdict(message: Any, on_message: OnMessage | None) -> bool | str | None:
     return on_message(data.decode() if isinstance(data, bytes) else str(data))
 
 
+_threads = threading.local()
+
+
+def _subscriber() -> Any:
+    """This thread's pub/sub connection, kept from one wait to the next: a wait then pays no
+    connect and handshake before it, and no disconnect between a hand-off and its return."""
+    client = get_client()
+    pubsub = getattr(_threads, "pubsub", None)
+    if pubsub is None or getattr(_threads, "client", None) is not client:
+        _drop_subscriber()
+        pubsub = client.pubsub()  # type: ignore[no-untyped-call]
+        _threads.pubsub, _threads.client = pubsub, client
+    return pubsub
+
+
+def _drop_subscriber() -> None:
+    pubsub = getattr(_threads, "pubsub", None)
+    _threads.pubsub = _threads.client = None
+    if pubsub is not None:
+        pubsub.close()
+
+
 def wait_until(channel: str, attempt: Attempt, timeout: float | None,
                on_message: OnMessage | None = None) -> bool:
     """Retry ``attempt`` on every wake-up until it succeeds (True) or ``timeout`` passes (False)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pubsub = get_client().pubsub()  # type: ignore[no-untyped-call]
+    pubsub = _subscriber()
     try:
-        pubsub.subscribe(channel)
-        confirm_by = time.monotonic() + _SUBSCRIBE_CONFIRM
-        while not _is(pubsub.get_message(timeout=max(confirm_by - time.monotonic(), 0)),
-                      "subscribe"):
-            if time.monotonic() >= confirm_by:
-                break
+        result = _wait(pubsub, channel, attempt, timeout, on_message)
+    except BaseException:
+        _drop_subscriber()  # interrupted mid-read: the connection's state is unknown
+        raise
+    try:
+        # The confirmation is read, and skipped, by this thread's next wait.
+        pubsub.unsubscribe(channel)
+    except RedisError:
+        _drop_subscriber()
+    return result
+
+
+def _wait(pubsub: Any, channel: str, attempt: Attempt, timeout: float | None,
+          on_message: OnMessage | None) -> bool:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pubsub.subscribe(channel)
+    confirm_by = time.monotonic() + _SUBSCRIBE_CONFIRM
+    while not _is(pubsub.get_message(timeout=max(confirm_by - time.monotonic(), 0)),
+                  "subscribe", channel):
+        if time.monotonic() >= confirm_by:
+            break
+    while True:
+        wait = attempt()
+        if wait is None:
+            return True
+        sleep = _bounded(wait, deadline)
+        if sleep < 0:
+            return False
+        wake_at = time.monotonic() + sleep
         while True:
-            wait = attempt()
-            if wait is None:
+            left = max(wake_at - time.monotonic(), 0.0)
+            verdict = _verdict(pubsub.get_message(timeout=left), channel, on_message)
+            if verdict is True:
                 return True
-            sleep = _bounded(wait, deadline)
-            if sleep < 0:
-                return False
-            wake_at = time.monotonic() + sleep
-            while True:
-                left = max(wake_at - time.monotonic(), 0.0)
-                verdict = _verdict(pubsub.get_message(timeout=left), on_message)
-                if verdict is True:
-                    return True
-                if verdict is None or time.monotonic() >= wake_at:
-                    break
-    finally:
-        pubsub.close()
+            if verdict is None or time.monotonic() >= wake_at:
+                break
 
 
 async def await_until(channel: str, attempt: AsyncAttempt, timeout: float | None,
@@ -98,7 +141,8 @@ async def await_until(channel: str, attempt: AsyncAttempt, timeout: float | None
         await pubsub.subscribe(channel)
         confirm_by = time.monotonic() + _SUBSCRIBE_CONFIRM
         while not _is(
-            await pubsub.get_message(timeout=max(confirm_by - time.monotonic(), 0)), "subscribe"
+            await pubsub.get_message(timeout=max(confirm_by - time.monotonic(), 0)), "subscribe",
+            channel,
         ):
             if time.monotonic() >= confirm_by:
                 break
@@ -112,7 +156,7 @@ async def await_until(channel: str, attempt: AsyncAttempt, timeout: float | None
             wake_at = time.monotonic() + sleep
             while True:
                 left = max(wake_at - time.monotonic(), 0.0)
-                verdict = _verdict(await pubsub.get_message(timeout=left), on_message)
+                verdict = _verdict(await pubsub.get_message(timeout=left), channel, on_message)
                 if verdict is True:
                     return True
                 if verdict is None or time.monotonic() >= wake_at:
