@@ -288,10 +288,15 @@ class RedisLuaAdmin(ModelAdmin):
         if not back.startswith(self._url("locks")):
             back = self._url("locks")
         if request.method != "POST":
+            held = None
+            try:
+                held = locks_inspect.get_lock(name)
+            except redis.RedisError as exc:
+                messages.error(request, f"Redis did not answer: {exc}")
             return TemplateResponse(
                 request, "admin/django_redislua/redislua/confirm.html",
                 self._context(request, "Force-release a lock?", "locks", action="release",
-                              target=name, back=back, action_url=self._url("release")),
+                              target=name, held=held, back=back, action_url=self._url("release")),
             )
         try:
             released = locks_inspect.force_release(name)

@@ -351,6 +351,9 @@ def test_change_user_force_releases_a_lock_and_wakes_its_waiter(
 
     confirm = client.get(RELEASE_URL, {"name": "report:daily"})
     assert confirm.status_code == 200 and "Yes, release it" in confirm.content.decode()
+    assert confirm.context["held"].owner == held_lock.owner
+    assert f"fencing token {held_lock.token}" in confirm.content.decode()
+    assert "1 waiter." in confirm.content.decode()
     assert held_lock.owned(), "the confirmation page must change nothing"
     assert client.post(RELEASE_URL, {"name": "report:daily"}).status_code == 403  # no CSRF token
     assert held_lock.owned()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import redis
+from redis.cluster import RedisCluster
 
 from django_redislua.connection import get_client, primary_nodes
 from django_redislua.locks.keys import keys_for, scan_pattern
@@ -90,6 +91,18 @@ def scan_locks(cursor: int = 0, match: str | None = None,
     if index + 1 < len(nodes):
         return index + 1, locks
     return 0, locks
+
+
+def get_lock(name: str) -> LockInfo | None:
+    """The lock ``name`` if it is held now, read on the node that holds it."""
+    key = keys_for("lock", name).base
+    client = get_client()
+    if isinstance(client, RedisCluster):
+        node: redis.Redis = client.get_redis_connection(client.get_node_from_key(key))
+    else:
+        node = client
+    found = _read(node, [key])
+    return found[0] if found else None
 
 
 def force_release(name: str) -> bool:
