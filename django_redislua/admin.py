@@ -237,7 +237,8 @@ class RedisLuaAdmin(ModelAdmin):
         ]
         return TemplateResponse(request, "admin/django_redislua/redislua/scripts.html",
                                 self._context(request, "Scripts & servers", "scripts",
-                                              nodes=nodes, scripts=scripts))
+                                              nodes=nodes, scripts=scripts,
+                                              library=registry.library()[0]))
 
     # -- actions: GET = confirmation page, POST = do it ----------------------------------------
     def reset_view(self, request: HttpRequest) -> HttpResponse:

@@ -464,3 +464,22 @@ def test_scan_is_bounded_and_never_uses_keys(
         client.get(KEYS_URL)
     assert "KEYS" not in recorder.commands
     assert 1 <= recorder.commands.count("SCAN") <= inspect.MAX_SCAN_CALLS
+
+
+def test_scripts_page_shows_the_functions_library_per_node(
+    login_as: Callable[..., Client], r: redis.Redis
+) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from django_redislua.scripts import registry
+
+    client = login_as("view_redislua")
+    lib_name = registry.library()[0]
+    before = client.get(SCRIPTS_URL)
+    assert [node.functions for node in before.context["nodes"]] == ["not loaded"]
+    assert lib_name in before.content.decode()
+    call_command("redislua_preload", "--functions", stdout=StringIO())
+    after = client.get(SCRIPTS_URL)
+    assert [node.functions for node in after.context["nodes"]] == ["loaded"]

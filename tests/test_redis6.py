@@ -64,3 +64,9 @@ def test_locks_hand_off_and_semaphores(on_redis6):
     waiter.release()
     permits = Semaphore("s6", limit=1, timeout=30)
     assert permits.acquire(blocking=False) and not permits.acquire(blocking=False)
+
+
+def test_admin_status_says_functions_need_redis_7(on_redis6):
+    from django_redislua.limiting.inspect import server_status
+
+    assert [node.functions for node in server_status()] == ["needs Redis 7"]

@@ -72,6 +72,7 @@ class NodeStatus:
     used_memory: int
     dbsize: int
     scripts: dict[str, bool]  # script name -> loaded in this node's script cache
+    functions: str = ""  # this release's Functions library: "loaded", "not loaded", "needs Redis 7"
 
 
 def _text(value: Any) -> str:
@@ -301,8 +302,11 @@ def reset_key(key: str) -> bool:
 
 
 def server_status() -> list[NodeStatus]:
-    """Version, memory, key count and script-cache state of every primary: one pipeline each."""
+    """Version, memory, key count, script-cache and Functions-library state of every primary."""
+    from django_redislua.functions import MIN_FUNCTIONS_VERSION, library_names
+
     scripts = registry.all()
+    lib_name, _source = registry.library()
     result = []
     for name, client in primary_nodes():
         pipe = client.pipeline(transaction=False)
@@ -313,9 +317,15 @@ def server_status() -> list[NodeStatus]:
             pipe.script_exists(*(s.sha for s in scripts.values()))
         replies = pipe.execute()
         loaded = replies[3] if scripts else []
+        version = str(replies[0].get("redis_version", "?"))
+        if tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < MIN_FUNCTIONS_VERSION:
+            functions = "needs Redis 7"
+        else:
+            functions = "loaded" if lib_name in library_names(client, lib_name) else "not loaded"
         result.append(NodeStatus(
             name=name,
-            version=str(replies[0].get("redis_version", "?")),
+            version=version,
+            functions=functions,
             used_memory=int(replies[1].get("used_memory", 0)),
             dbsize=int(replies[2]),
             scripts={s: bool(ok) for s, ok in zip(scripts, loaded, strict=True)},
