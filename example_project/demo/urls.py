@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from demo import api, views
+from demo import api, coordination, views
 
 urlpatterns = [
     path("", views.index, name="index"),
@@ -10,6 +10,7 @@ urlpatterns = [
     path("api/", views.api, name="api"),
     path("stacked/", views.stacked, name="stacked"),
     path("async/", views.async_limited, name="async-limited"),
+    path("coordination/", coordination.coordination, name="coordination"),
     path("api/", include(api.router.urls)),
     path("admin/", admin.site.urls),
 ]
