@@ -209,11 +209,3 @@ def is_ratelimited(
     """django-ratelimit's ``is_ratelimited``: True when this request is over the limit."""
     usage = get_usage(request, group, fn, key, rate, method, increment)
     return bool(usage and usage["should_limit"])
-
-
-async def ais_ratelimited(
-    request: HttpRequest, group: str | None = None, fn: Any = None, key: Any = None,
-    rate: Any = None, method: Sequence[str] | str | tuple[None] = ALL, increment: bool = False,
-) -> bool:
-    usage = await aget_usage(request, group, fn, key, rate, method, increment)
-    return bool(usage and usage["should_limit"])
