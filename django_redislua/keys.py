@@ -84,10 +84,6 @@ def _user_or_ip(request: HttpRequest) -> str | None:
     return _user(request) or client_ip(request)
 
 
-def _ip(request: HttpRequest) -> str | None:
-    return client_ip(request)
-
-
 def _header(name: str) -> KeyFunc:
     meta = "HTTP_" + name.upper().replace("-", "_")
     if name.lower().replace("_", "-") == "content-type":
@@ -107,7 +103,7 @@ def _param(source: str, name: str) -> KeyFunc:
     return key
 
 
-_NAMED: dict[str, KeyFunc] = {"ip": _ip, "user": _user, "user_or_ip": _user_or_ip}
+_NAMED: dict[str, KeyFunc] = {"ip": client_ip, "user": _user, "user_or_ip": _user_or_ip}
 
 
 def key_function(spec: Any) -> KeyFunc:
@@ -127,15 +123,9 @@ def _key_function_for_string(spec: str) -> KeyFunc:
     if spec in _NAMED:
         return _NAMED[spec]
     kind, sep, name = spec.partition(":")
-    if sep:
-        if kind in PARAM_KEYS and name:
-            return _header(name) if kind == "header" else _param(kind, name)
-        raise PolicyError(
-            "redislua.E008",
-            f"unknown key type {spec!r}: use ip, user, user_or_ip, header:<name>, get:<param>, "
-            "post:<param>, a callable or a dotted path",
-        )
-    if "." in spec:
+    if sep and kind in PARAM_KEYS and name:
+        return _header(name) if kind == "header" else _param(kind, name)
+    if not sep and "." in spec:
         return resolve_callable(spec, "redislua.E008", "key")
     raise PolicyError(
         "redislua.E008",

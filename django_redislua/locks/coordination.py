@@ -24,7 +24,7 @@ from asgiref.sync import iscoroutinefunction
 
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import Keys, keys_for
-from django_redislua.locks.lock import Lock, LockError, keep_running, parse_wait
+from django_redislua.locks.lock import Lock, LockError, keep_running, milliseconds, parse_wait
 from django_redislua.locks.waiting import await_until, wait_until
 from django_redislua.scripts import get_script
 
@@ -39,10 +39,6 @@ _DONE = 2
 class RunInProgress(LockError):
     """``run_once``: the same key is running elsewhere and this call would not (or could no
     longer) wait for its result."""
-
-
-def _ms(seconds: float) -> int:
-    return max(1, math.ceil(seconds * 1000))
 
 
 # -- singleton --------------------------------------------------------------------------------
@@ -138,8 +134,8 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
     (a crashed run frees the key after it). A duplicate arriving mid-run waits for the result
     (up to ``wait_timeout``), or with ``wait=False`` raises :class:`RunInProgress` at once.
     """
-    ttl_ms = _ms(parse_duration(ttl))
-    lease_ms = _ms(parse_duration(timeout))
+    ttl_ms = milliseconds(parse_duration(ttl))
+    lease_ms = milliseconds(parse_duration(timeout))
     limit = parse_wait(wait_timeout)
     begin = get_script("django_redislua.once_begin")
     finish = get_script("django_redislua.once_finish")
@@ -217,7 +213,7 @@ class _Flight:
     def __init__(self, cache_key: str, lock_timeout: float | str) -> None:
         self.keys = keys_for("flight", cache_key)
         self.token = secrets.token_hex(16)
-        self.lease_ms = _ms(parse_duration(lock_timeout))
+        self.lease_ms = milliseconds(parse_duration(lock_timeout))
         self.must_build = False
         self.value: Any = None
 
@@ -238,9 +234,10 @@ class _Flight:
     def finish_call(self, outcome: str, value: Any, ttl: float | str,
                     stale_ttl: float | str) -> tuple[list[str], list[str | int | bytes]]:
         blob = pickle.dumps(value) if outcome == "store" else b""
-        stale_ms = 0 if stale_ttl in (0, 0.0) else _ms(parse_duration(stale_ttl))
+        stale_ms = 0 if stale_ttl in (0, 0.0) else milliseconds(parse_duration(stale_ttl))
+        ttl_ms = milliseconds(parse_duration(ttl))
         return [self.keys.base, self.keys.sub("building")], [
-            self.token, outcome, blob, _ms(parse_duration(ttl)), stale_ms, self.keys.channel]
+            self.token, outcome, blob, ttl_ms, stale_ms, self.keys.channel]
 
 
 def single_flight(cache_key: str, build: Callable[[], R], ttl: float | str = 300,

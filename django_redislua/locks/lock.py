@@ -88,7 +88,8 @@ def parse_wait(value: float | str | None) -> float | None:
     return parse_duration(value)
 
 
-def _ms(seconds: float) -> int:
+def milliseconds(seconds: float) -> int:
+    """Whole milliseconds, rounded up, at least 1 (Redis TTLs are whole and a 0 TTL deletes)."""
     return max(1, math.ceil(seconds * 1000))
 
 
@@ -133,12 +134,13 @@ class Lock:
 
     def _member(self, owner: str) -> str:
         """This waiter's entry in the lock's queue (its owner token and the lease it asks for)."""
-        return f"{owner}:{_ms(self.timeout)}"
+        return f"{owner}:{milliseconds(self.timeout)}"
 
     def _acquire_call(self, stay_ms: int = 0) -> tuple[list[str], list[str | int]]:
         return (
             [self.keys.base, self.keys.sub("fence"), self.keys.sub("queue")],
-            [self.owner, _ms(self.timeout), "1" if self.reentrant else "0", self.name, stay_ms],
+            [self.owner, milliseconds(self.timeout), "1" if self.reentrant else "0", self.name,
+             stay_ms],
         )
 
     @staticmethod
@@ -147,7 +149,7 @@ class Lock:
         (it sleeps at most LONGEST_SLEEP) or its deadline, with a second's margin."""
         wait = LONGEST_SLEEP if deadline is None else min(deadline - time.monotonic(),
                                                           LONGEST_SLEEP)
-        return _ms(max(wait, 0.0) + 1.0)
+        return milliseconds(max(wait, 0.0) + 1.0)
 
     def _on_message(self, data: str) -> bool | None:
         """A wake-up message: the lock handed to us (True), to another waiter (False), or free."""
@@ -177,7 +179,7 @@ class Lock:
         )
 
     def _extend_args(self, additional_time: float | str, replace_ttl: bool) -> list[str | int]:
-        return [self.owner, _ms(parse_duration(additional_time)),
+        return [self.owner, milliseconds(parse_duration(additional_time)),
                 "replace" if replace_ttl else "add"]
 
     def _not_owned(self, action: str) -> LockNotOwned:
