@@ -7,7 +7,6 @@ from django.contrib.auth.models import AnonymousUser
 from django.test import AsyncClient, Client, override_settings
 from django.test.client import RequestFactory
 
-from django_redislua.connection import aclose_client
 from django_redislua.decorators import ratelimit
 from django_redislua.limiting import get_policy
 from django_redislua.signals import rate_limited
@@ -252,7 +251,6 @@ def test_configured_policy_rejects_inline_options() -> None:
 async def test_async_view() -> None:
     client = AsyncClient()
     results = [(await client.get("/rl/async/")).status_code for _ in range(3)]
-    await aclose_client()
     assert results == [200, 200, 429]
 
 
@@ -267,7 +265,6 @@ async def test_async_view_makes_no_thread_hop(monkeypatch) -> None:  # type: ign
     request = RequestFactory().get("/rl/async/")
     request.user = AnonymousUser()
     response = await ratelimit_views.async_view(request)
-    await aclose_client()
     assert response.status_code == 200
 
 
@@ -278,14 +275,12 @@ async def test_async_stacked_one_evalsha(recorder) -> None:  # type: ignore[no-u
         assert (await client.get("/rl/async-stacked/")).status_code == 200
     assert recorder.commands == ["EVALSHA"]
     statuses = [(await client.get("/rl/async-stacked/")).status_code for _ in range(2)]
-    await aclose_client()
     assert statuses == [200, 429]
 
 
 async def test_async_class_decoration() -> None:
     client = AsyncClient()
     results = [(await client.get("/rl/cbv/async/")).status_code for _ in range(3)]
-    await aclose_client()
     assert results == [200, 200, 429]
 
 
@@ -293,7 +288,6 @@ async def test_async_concurrency_released() -> None:
     client = AsyncClient()
     ratelimit_views.SLOT_SEEN.clear()
     results = [(await client.get("/rl/concurrency-async/")).status_code for _ in range(3)]
-    await aclose_client()
     assert results == [200, 200, 200]
     assert ratelimit_views.SLOT_SEEN == [0, 0, 0]
 

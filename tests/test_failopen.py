@@ -13,7 +13,6 @@ import pytest
 from django.test import AsyncClient, Client, override_settings
 
 from django_redislua import decorators
-from django_redislua.connection import aclose_client
 from django_redislua.testing import RedisServer
 
 pytestmark = pytest.mark.django_db
@@ -109,7 +108,6 @@ async def test_async_view_server_stopped(
         start = time.monotonic()
         status = (await client.get("/rl/async/")).status_code
         elapsed = time.monotonic() - start
-        await aclose_client()
     assert status == expected
     assert elapsed < BOUND
 
@@ -129,7 +127,6 @@ async def test_async_view_server_not_answering(server: RedisServer, fail_open: b
         finally:
             control.execute_command("CLIENT", "UNPAUSE")
             control.close()
-            await aclose_client()
     assert status == expected
     assert elapsed < BOUND
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from django.test import AsyncClient, Client, override_settings
 
-from django_redislua.connection import aclose_client
 from django_redislua.limiting import get_policy
 from django_redislua.middleware import RateLimitMiddleware
 from django_redislua.signals import rate_limited
@@ -93,5 +92,4 @@ def test_signal_sender_is_the_middleware(client: Client) -> None:
 async def test_async_stack() -> None:
     client = AsyncClient()
     statuses = [(await client.get("/rl/api/ok/")).status_code for _ in range(4)]
-    await aclose_client()
     assert statuses == [200, 200, 200, 429]
