@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 import weakref
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 import redis.asyncio
@@ -39,6 +40,15 @@ REDIS_CACHE_BACKENDS = {
     "django.core.cache.backends.redis.RedisCache": "django",
     "django_redis.cache.RedisCache": "django_redis",
 }
+# Django's RedisCache keeps these OPTIONS for itself; every other one goes to the pool.
+DJANGO_CACHE_ONLY_OPTIONS = frozenset({"pool_class", "parser_class", "serializer"})
+# django-redis's own OPTIONS that become client keyword arguments.
+DJANGO_REDIS_OPTIONS = {
+    "USERNAME": "username",
+    "PASSWORD": "password",
+    "SOCKET_TIMEOUT": "socket_timeout",
+    "SOCKET_CONNECT_TIMEOUT": "socket_connect_timeout",
+}
 URL_SCHEMES = (
     "redis",
     "rediss",
@@ -50,9 +60,40 @@ URL_SCHEMES = (
 )
 
 
+class ConnectionConfigError(ImproperlyConfigured):
+    """``REDISLUA["CONNECTION"]`` (or the cache it names) is wrong; ``check_id`` reports it."""
+
+    def __init__(self, check_id: str, message: str) -> None:
+        super().__init__(message)
+        self.check_id = check_id
+
+
+class RedisUnavailable(redis.ConnectionError):
+    """Building the client failed a moment ago; it is not retried until the back-off ends."""
+
+
+# Every way a call through the client can fail: redis-py's own families (RedisClusterException is
+# not a RedisError), raw socket errors, and a connection setting that cannot be resolved. The
+# request layer's FAIL_OPEN guard catches exactly these.
+CLIENT_ERRORS: tuple[type[BaseException], ...] = (
+    redis.RedisError,
+    redis.exceptions.RedisClusterException,
+    OSError,
+    ConnectionConfigError,
+)
+# Seconds a failed client build is remembered: an outage costs one connection attempt per
+# second per process, not one per request (a cluster's discovery contacts every startup node).
+BUILD_BACKOFF = 1.0
+
+
 @dataclass(frozen=True)
 class Endpoint:
-    """Where Redis is, resolved from settings; knows nothing of clients."""
+    """Where Redis is and how to authenticate, resolved from settings; knows nothing of clients.
+
+    ``options`` are the keyword arguments of every client built for it, sync and asyncio alike:
+    this app's short timeouts, then the cache's OPTIONS, then ``REDISLUA["CONNECTION_OPTIONS"]``
+    (URL query arguments, which redis-py parses itself, win over all of them).
+    """
 
     kind: str  # "single", "cluster" or "sentinel"
     url: str  # for "cluster"/"sentinel": the URL with the +cluster/+sentinel part removed
@@ -61,6 +102,7 @@ class Endpoint:
     cache_flavour: str | None = None  # "django" or "django_redis"
     sentinels: tuple[tuple[str, int], ...] = ()
     service_name: str = ""
+    sentinel_options: dict[str, Any] = field(default_factory=dict)  # the Sentinels' own auth
 
 
 def _timeouts() -> dict[str, Any]:
@@ -70,81 +112,195 @@ def _timeouts() -> dict[str, Any]:
     }
 
 
-def parse_url(url: str) -> Endpoint:
-    """Parse a CONNECTION URL; ImproperlyConfigured with a readable reason when it is wrong."""
+def _split_hostport(url: str, hostport: str, default_port: int) -> tuple[str, int]:
+    """``host[:port]`` or ``[v6][:port]``; ConnectionConfigError when the port is not a port."""
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        port = rest.removeprefix(":") if rest.startswith(":") else ""
+    elif hostport.count(":") == 1:
+        host, _, port = hostport.partition(":")
+    else:
+        host, port = hostport, ""  # no port, or a bare IPv6 address
+    if not port:
+        return host, default_port
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConnectionConfigError(
+            "redislua.E002",
+            f"REDISLUA['CONNECTION'] URL {_redact(url)!r}: port {port!r} is not a number from 1 "
+            "to 65535.",
+        )
+    return host, int(port)
+
+
+def _redact(url: str) -> str:
+    """The URL with any password replaced, for error messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo = f"{parts.username or ''}:***"
+    return url.replace(parts.netloc, f"{userinfo}@{parts.netloc.rsplit('@', 1)[-1]}", 1)
+
+
+def parse_url(url: str, extra: dict[str, Any] | None = None) -> Endpoint:
+    """Parse a CONNECTION URL; ConnectionConfigError (redislua.E002) says what is wrong.
+
+    ``extra`` holds the client options given beside the URL (a cache's OPTIONS); the app's
+    ``CONNECTION_OPTIONS`` are applied over them.
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise ConnectionConfigError(
+            "redislua.E002",
+            f"{url!r} is not a Redis URL: write redis://host:port/db (or rediss://, unix://, "
+            "redis+cluster://, redis+sentinel://).",
+        )
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in URL_SCHEMES:
-        raise ImproperlyConfigured(
-            f"REDISLUA['CONNECTION'] {url!r} is neither a CACHES alias nor a URL with a scheme in "
-            f"{', '.join(URL_SCHEMES)}."
+        raise ConnectionConfigError(
+            "redislua.E002",
+            f"{_redact(url)!r} has the scheme {scheme!r}; use one of {', '.join(URL_SCHEMES)}.",
         )
-    options = {**_timeouts(), **settings.CONNECTION_OPTIONS}
+    options = {**_timeouts(), **(extra or {}), **settings.CONNECTION_OPTIONS}
+    sentinel_options = {**_timeouts(), **options.pop("sentinel_kwargs", {})}
     base_scheme = scheme.split("+")[0]
-    if scheme.endswith("+cluster"):
-        if not parts.hostname:
-            raise ImproperlyConfigured(f"Cluster URL {url!r} needs a host:port of one node.")
-        return Endpoint("cluster", url.replace(scheme, base_scheme, 1), options)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = parse_qs(parts.query)
     if scheme.endswith("+sentinel"):
-        netloc = parts.netloc.rsplit("@", 1)[-1]
         path = [p for p in parts.path.split("/") if p]
         if not netloc or not path:
-            raise ImproperlyConfigured(
-                f"Sentinel URL {url!r} must look like redis+sentinel://host:port/service_name."
+            raise ConnectionConfigError(
+                "redislua.E002",
+                f"Sentinel URL {_redact(url)!r} must look like "
+                "redis+sentinel://[:password@]host:port[,host:port]/service_name[/db].",
             )
-        sentinels = []
-        for hostport in netloc.split(","):
-            host, _, port = hostport.rpartition(":")
-            if not host:
-                host, port = port, "26379"
-            sentinels.append((host.strip("[]"), int(port)))
+        sentinels = [_split_hostport(url, hostport, 26379) for hostport in netloc.split(",")]
         if parts.password:
             options.setdefault("password", unquote(parts.password))
         if parts.username:
             options.setdefault("username", unquote(parts.username))
         if len(path) > 1:
+            if not path[1].isdigit():
+                raise ConnectionConfigError(
+                    "redislua.E002",
+                    f"Sentinel URL {_redact(url)!r}: db {path[1]!r} is not a number.",
+                )
             options.setdefault("db", int(path[1]))
+        for name, values in query.items():  # the Sentinels' own credentials, else data options
+            if name in ("sentinel_password", "sentinel_username"):
+                sentinel_options[name.removeprefix("sentinel_")] = values[-1]
+            else:
+                options.setdefault(name, values[-1])
         if base_scheme == "rediss":
             options.setdefault("ssl", True)
-        return Endpoint("sentinel", url, options, sentinels=tuple(sentinels), service_name=path[0])
-    if scheme != "unix" and not parts.hostname:
-        raise ImproperlyConfigured(f"REDISLUA['CONNECTION'] URL {url!r} has no host.")
+        return Endpoint(
+            "sentinel", url, options, sentinels=tuple(sentinels), service_name=path[0],
+            sentinel_options=sentinel_options,
+        )
+    if scheme != "unix":
+        if not parts.hostname:
+            raise ConnectionConfigError(
+                "redislua.E002", f"REDISLUA['CONNECTION'] URL {_redact(url)!r} has no host."
+            )
+        _split_hostport(url, netloc, 6379)
+        db = parts.path.strip("/")
+        if db and not db.isdigit():
+            raise ConnectionConfigError(
+                "redislua.E002", f"URL {_redact(url)!r}: the database {db!r} is not a number."
+            )
+    elif not parts.path:
+        raise ConnectionConfigError(
+            "redislua.E002", f"unix URL {_redact(url)!r} names no socket path."
+        )
+    if scheme.endswith("+cluster"):
+        return Endpoint("cluster", url.replace(parts.scheme, base_scheme, 1), options)
     return Endpoint("single", url, options)
 
 
-def resolve_endpoint() -> Endpoint:
-    """Turn ``REDISLUA["CONNECTION"]`` into an Endpoint (no network I/O)."""
-    target = settings.CONNECTION
-    caches = getattr(django_settings, "CACHES", {})
-    if target in caches:
-        config = caches[target]
-        backend = config.get("BACKEND", "")
-        flavour = REDIS_CACHE_BACKENDS.get(backend)
-        if flavour is None:
-            raise ImproperlyConfigured(
-                f"REDISLUA['CONNECTION'] names the cache {target!r}, whose backend {backend!r} is "
-                f"not a Redis backend ({', '.join(REDIS_CACHE_BACKENDS)})."
+def _cache_options(flavour: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A cache's OPTIONS as redis-py client keyword arguments (password, TLS, timeouts...)."""
+    if flavour == "django":
+        # Django's RedisCache passes every OPTIONS entry but these three to the connection pool.
+        return {k: v for k, v in options.items() if k not in DJANGO_CACHE_ONLY_OPTIONS}
+    # django-redis: upper-case options of its own, plus CONNECTION_POOL_KWARGS as they are.
+    kwargs: dict[str, Any] = {}
+    for option, kwarg in DJANGO_REDIS_OPTIONS.items():
+        if options.get(option) is not None:
+            kwargs[kwarg] = options[option]
+    kwargs.update(options.get("CONNECTION_POOL_KWARGS") or {})
+    return kwargs
+
+
+def resolve_endpoint(
+    target: str | None = None, caches: dict[str, Any] | None = None
+) -> Endpoint:
+    """Turn ``REDISLUA["CONNECTION"]`` into an Endpoint (no network I/O).
+
+    ConnectionConfigError (redislua.E002/E003) when it cannot be resolved. Checks pass the raw
+    settings in; everything else uses the live ones.
+    """
+    target = settings.CONNECTION if target is None else target
+    caches = getattr(django_settings, "CACHES", {}) if caches is None else caches
+    if target not in caches:
+        if "://" not in target:
+            raise ConnectionConfigError(
+                "redislua.E002",
+                f"REDISLUA['CONNECTION'] {target!r} is not a CACHES alias "
+                f"(known: {', '.join(caches) or 'none'}) and not a URL.",
             )
-        location = config.get("LOCATION", "")
-        if isinstance(location, str):
-            location = location.split(",")
-        primary = str(location[0]).strip() if location else ""
-        endpoint = parse_url(primary)
-        return Endpoint(
-            endpoint.kind,
-            endpoint.url,
-            endpoint.options,
-            target,
-            flavour,
-            endpoint.sentinels,
-            endpoint.service_name,
+        return parse_url(target)
+    config = caches[target]
+    backend = config.get("BACKEND", "")
+    flavour = REDIS_CACHE_BACKENDS.get(backend)
+    if flavour is None:
+        raise ConnectionConfigError(
+            "redislua.E003",
+            f"REDISLUA['CONNECTION'] names the cache {target!r}, whose backend {backend!r} is "
+            f"not a Redis backend ({', '.join(REDIS_CACHE_BACKENDS)}).",
         )
-    if "://" not in target:
-        raise ImproperlyConfigured(
-            f"REDISLUA['CONNECTION'] {target!r} is not a CACHES alias "
-            f"(known: {', '.join(caches) or 'none'}) and not a URL."
+    location = config.get("LOCATION", "")
+    if isinstance(location, str):
+        location = location.split(",")
+    primary = str(location[0]).strip() if location else ""
+    cache_options = config.get("OPTIONS") or {}
+    try:
+        extra = _cache_options(flavour, cache_options)
+        if flavour == "django_redis" and cache_options.get("SENTINELS"):
+            # django-redis's Sentinel form: LOCATION redis://service_name/db, OPTIONS SENTINELS.
+            endpoint = _django_redis_sentinel(primary, cache_options, extra)
+        else:
+            endpoint = parse_url(primary, extra)
+    except ConnectionConfigError as exc:
+        raise ConnectionConfigError(
+            exc.check_id, f"the cache {target!r} (REDISLUA['CONNECTION']): LOCATION: {exc}"
+        ) from None
+    return replace(endpoint, cache_alias=target, cache_flavour=flavour)
+
+
+def _django_redis_sentinel(
+    location: str, options: dict[str, Any], extra: dict[str, Any]
+) -> Endpoint:
+    parts = urlsplit(location)
+    if not parts.hostname:
+        raise ConnectionConfigError(
+            "redislua.E002", f"{location!r} must look like redis://service_name/db with SENTINELS"
         )
-    return parse_url(target)
+    db = parts.path.strip("/")
+    try:
+        sentinels = [(str(host), int(port)) for host, port in options["SENTINELS"]]
+    except (TypeError, ValueError):
+        raise ConnectionConfigError(
+            "redislua.E002", f"OPTIONS['SENTINELS'] must be a list of (host, port) pairs, not "
+            f"{options['SENTINELS']!r}"
+        ) from None
+    data = {**_timeouts(), **extra, **settings.CONNECTION_OPTIONS}
+    if parts.password:
+        data.setdefault("password", unquote(parts.password))
+    if db.isdigit():
+        data.setdefault("db", int(db))
+    return Endpoint(
+        "sentinel", location, data, sentinels=tuple(sentinels), service_name=parts.hostname,
+        sentinel_options={**_timeouts(), **(options.get("SENTINEL_KWARGS") or {})},
+    )
 
 
 def _cache_sync_client(endpoint: Endpoint) -> redis.Redis | None:
@@ -174,7 +330,8 @@ def _build_sync(endpoint: Endpoint) -> SyncClient:
         return redis.cluster.RedisCluster.from_url(endpoint.url, **endpoint.options)
     if endpoint.kind == "sentinel":
         sentinel = redis.sentinel.Sentinel(
-            list(endpoint.sentinels), sentinel_kwargs=_timeouts(), **endpoint.options
+            list(endpoint.sentinels), sentinel_kwargs=endpoint.sentinel_options,
+            **endpoint.options,
         )
         primary: redis.Redis = sentinel.master_for(endpoint.service_name)
         return primary
@@ -186,7 +343,8 @@ def _build_async(endpoint: Endpoint) -> AsyncClient:
         return redis.asyncio.cluster.RedisCluster.from_url(endpoint.url, **endpoint.options)
     if endpoint.kind == "sentinel":
         sentinel = redis.asyncio.sentinel.Sentinel(
-            list(endpoint.sentinels), sentinel_kwargs=_timeouts(), **endpoint.options
+            list(endpoint.sentinels), sentinel_kwargs=endpoint.sentinel_options,
+            **endpoint.options,
         )
         async_primary: redis.asyncio.Redis = sentinel.master_for(endpoint.service_name)
         return async_primary
@@ -195,6 +353,7 @@ def _build_async(endpoint: Endpoint) -> AsyncClient:
 
 _lock = threading.Lock()
 _sync_client: SyncClient | None = None
+_sync_failure: tuple[float, BaseException] | None = None  # (retry after, monotonic; the error)
 _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncClient] = (
     weakref.WeakKeyDictionary()
 )
@@ -229,9 +388,9 @@ def _close_soon(loop: asyncio.AbstractEventLoop, client: AsyncClient) -> None:
 @on_change
 def reset_clients() -> None:
     """Forget built clients (settings changed); asyncio ones are closed on their loops."""
-    global _sync_client
+    global _sync_client, _sync_failure
     with _lock:
-        _sync_client = None
+        _sync_client = _sync_failure = None
         dropped = list(_async_clients.items())
         _async_clients.clear()
         _closers.clear()
@@ -240,13 +399,28 @@ def reset_clients() -> None:
 
 
 def get_client() -> SyncClient:
-    """The process-wide sync client (thread-safe; redis-py pools connections)."""
-    global _sync_client
+    """The process-wide sync client (thread-safe; redis-py pools connections).
+
+    A build that fails (a cluster's discovery finding no node, a setting that cannot be
+    resolved) is remembered for BUILD_BACKOFF seconds: meanwhile calls raise RedisUnavailable
+    at once instead of trying again per request.
+    """
+    global _sync_client, _sync_failure
     client = _sync_client
     if client is None:
         with _lock:
             if _sync_client is None:
-                _sync_client = _build_sync(resolve_endpoint())
+                if _sync_failure is not None and time.monotonic() < _sync_failure[0]:
+                    raise RedisUnavailable(
+                        f"the Redis client could not be built ({_sync_failure[1]}); "
+                        f"retrying within {BUILD_BACKOFF:g}s"
+                    ) from _sync_failure[1]
+                try:
+                    _sync_client = _build_sync(resolve_endpoint())
+                except CLIENT_ERRORS as exc:
+                    _sync_failure = (time.monotonic() + BUILD_BACKOFF, exc)
+                    raise
+                _sync_failure = None
             client = _sync_client
     return client
 

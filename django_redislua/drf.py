@@ -22,28 +22,42 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import redis
 from django.core.exceptions import ImproperlyConfigured
 
+# Only modules that do not import rest_framework.views: DRF reads DEFAULT_THROTTLE_CLASSES (and
+# so imports this module) while rest_framework.views is still defining APIView, so importing it
+# here would be a cycle that fails every start-up using the global setting.
 try:
     from rest_framework.exceptions import APIException
-    from rest_framework.request import Request
     from rest_framework.settings import api_settings
     from rest_framework.throttling import BaseThrottle
-    from rest_framework.views import APIView
-except ImportError as exc:  # pragma: no cover - exercised in a subprocess without DRF
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised in a subprocess without DRF
+    if exc.name is None or exc.name.partition(".")[0] != "rest_framework":
+        raise
     raise ImportError(
         "django_redislua.drf needs Django REST framework: pip install django-redislua[drf]"
     ) from exc
 
+if TYPE_CHECKING:
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
+
 from django_redislua.conf import settings
-from django_redislua.decorators import report_outage, rule_for_policy
+from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.headers import rate_limit_headers
-from django_redislua.limiting import Decision, Policy, evaluate, get_policy, parse_rate
+from django_redislua.limiting import Decision, Policy, PolicyError, evaluate, parse_rate
 from django_redislua.limiting.engine import Check
 from django_redislua.limiting.rates import RateError
+from django_redislua.request_layer import (
+    UNAVAILABLE_RETRY_AFTER,
+    checks_for,
+    mark_logged,
+    report_broken,
+    report_outage,
+    rule_for_name,
+)
 from django_redislua.signals import rate_limited
 
 __all__ = [
@@ -58,11 +72,31 @@ __all__ = [
 
 
 class RateLimiterUnavailable(APIException):
-    """Redis failed and ``REDISLUA["FAIL_OPEN"]`` is False: 503, as the decorator answers."""
+    """The limiter cannot decide and ``REDISLUA["FAIL_OPEN"]`` is False: 503 + Retry-After."""
 
     status_code = 503
     default_detail = "Service unavailable: the rate limiter cannot be reached."
     default_code = "rate_limiter_unavailable"
+    wait = UNAVAILABLE_RETRY_AFTER  # DRF's exception handler turns it into Retry-After
+
+
+def _after_finalize(view: APIView, callback: Callable[[Any], object]) -> None:
+    """Run ``callback(response)`` when DRF finalizes this view's response (one view per request)."""
+    finalize_response = view.finalize_response
+
+    def finalize(request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        response = finalize_response(request, response, *args, **kwargs)
+        callback(response)
+        return response
+
+    view.finalize_response = finalize  # type: ignore[method-assign]
+
+
+def _unavailable(view: APIView | None) -> RateLimiterUnavailable:
+    """The 503 to raise; Django's request logger will not log it (report_outage did, once)."""
+    if view is not None:
+        _after_finalize(view, mark_logged)
+    return RateLimiterUnavailable()
 
 
 def _decide(
@@ -71,15 +105,15 @@ def _decide(
 ) -> list[Decision] | None:
     """Decide ``checks`` in one script call and record them.
 
-    Redis failing: None (admit) with ``FAIL_OPEN``, else :class:`RateLimiterUnavailable` (503).
+    The limiter failing: None (admit) with ``FAIL_OPEN``, else RateLimiterUnavailable (503).
     """
     try:
         decisions = evaluate(checks, now_us=now_us)
-    except redis.RedisError as exc:
+    except CLIENT_ERRORS as exc:
         report_outage(exc)  # one warning a minute, not one per request
         if settings.FAIL_OPEN:
             return None
-        raise RateLimiterUnavailable from exc
+        raise _unavailable(view) from exc
     recorded = [*getattr(request, "ratelimit", ()), *decisions]
     request.ratelimit = recorded  # type: ignore[attr-defined]
     if view is not None and isinstance(getattr(view, "headers", None), dict):
@@ -93,9 +127,25 @@ def _decide(
     return decisions
 
 
+def _broken(view: APIView | None, error: PolicyError) -> bool:
+    """A throttle that cannot be used: admit (FAIL_OPEN, logged) or raise the 503."""
+    report_broken(error)
+    if settings.FAIL_OPEN:
+        return True
+    raise _unavailable(view)
+
+
 @functools.lru_cache(maxsize=512)
 def _sliding_log(name: str, rate: str) -> Policy:
     return Policy(name, rate=rate, algorithm="sliding_log")
+
+
+class ThrottleConfigError(ImproperlyConfigured):
+    """A throttle's scope has no rate, or its rate is malformed; ``check_id`` reports it."""
+
+    def __init__(self, check_id: str, message: str) -> None:
+        super().__init__(message)
+        self.check_id = check_id
 
 
 class SimpleRateThrottle(BaseThrottle):
@@ -113,11 +163,21 @@ class SimpleRateThrottle(BaseThrottle):
     rate: str | None
 
     def __init__(self) -> None:
-        if not getattr(self, "rate", None):
-            self.rate = self.get_rate()
-        self.num_requests, self.duration = self.parse_rate(self.rate)
         self.key: str | None = None
         self.decision: Decision | None = None
+        self.error: PolicyError | None = None
+        self._configure()
+
+    def _configure(self) -> None:
+        """Read the rate. A missing or malformed one is kept as ``error`` (the system checks
+        report it): DRF builds throttles per request, so raising here would answer 500."""
+        try:
+            if not getattr(self, "rate", None):
+                self.rate = self.get_rate()
+            self.num_requests, self.duration = self.parse_rate(self.rate)
+        except ImproperlyConfigured as exc:
+            self.rate, self.num_requests, self.duration = None, None, None
+            self.error = PolicyError(getattr(exc, "check_id", "redislua.E022"), str(exc))
 
     def get_cache_key(self, request: Request, view: APIView) -> str | None:
         """The identity to throttle by; None = do not throttle this request."""
@@ -138,11 +198,12 @@ class SimpleRateThrottle(BaseThrottle):
             rate = rates[scope]
         except KeyError:
             msg = f"No default throttle rate set for '{scope}' scope"
-            raise ImproperlyConfigured(msg) from None
+            raise ThrottleConfigError("redislua.E022", msg) from None
         if rate is not None and not isinstance(rate, str):
-            raise ImproperlyConfigured(
+            raise ThrottleConfigError(
+                "redislua.E020",
                 f"The throttle rate of scope '{scope}' must be a string such as '100/day' or None, "
-                f"not {rate!r}"
+                f"not {rate!r}",
             )
         return rate
 
@@ -153,8 +214,9 @@ class SimpleRateThrottle(BaseThrottle):
         try:
             parsed = parse_rate(rate)
         except RateError as exc:
-            raise ImproperlyConfigured(
-                f"{type(self).__name__} (scope {self.scope!r}): throttle rate {rate!r}: {exc}"
+            raise ThrottleConfigError(
+                "redislua.E020",
+                f"{type(self).__name__} (scope {self.scope!r}): throttle rate {rate!r}: {exc}",
             ) from None
         return (parsed.count, parsed.period)
 
@@ -165,6 +227,8 @@ class SimpleRateThrottle(BaseThrottle):
 
     def allow_request(self, request: Request, view: APIView) -> bool:
         self.decision = None
+        if self.error is not None:
+            return _broken(view, self.error)
         if self.rate is None:
             return True
         self.key = self.get_cache_key(request, view)
@@ -225,14 +289,15 @@ class ScopedRateThrottle(SimpleRateThrottle):
         # The scope, hence the rate, is known only once the view calls allow_request.
         self.key = None
         self.decision = None
+        self.error = None
 
     def allow_request(self, request: Request, view: APIView) -> bool:
         self.scope = getattr(view, self.scope_attr, None)
         if not self.scope:
             self.decision = None
             return True
-        self.rate = self.get_rate()
-        self.num_requests, self.duration = self.parse_rate(self.rate)
+        self.rate = None
+        self._configure()
         return super().allow_request(request, view)
 
     def get_cache_key(self, request: Request, view: APIView) -> str | None:
@@ -253,21 +318,20 @@ class PolicyThrottle(BaseThrottle):
     def __init__(self) -> None:
         self.decisions: list[Decision] = []
 
-    def get_checks(self, request: Request, view: APIView) -> list[Check]:
+    def get_checks(self, request: Request, view: APIView) -> tuple[list[Check], bool]:
+        """The checks of the view's policies, and whether any of them cannot be used."""
         names = getattr(view, self.policy_attr, None) or ()
         if isinstance(names, str):
             names = [names]
-        checks: list[Check] = []
-        for name in names:
-            # The decorator's rule: methods, callable rate, key; the same identity, same state.
-            check = rule_for_policy(get_policy(name)).check(request)
-            if check is not None:
-                checks.append(check)
-        return checks
+        # The decorator's rule: methods, callable rate, key; the same identity, same state.
+        _rules, checks, broken = checks_for(request, [rule_for_name(name) for name in names])
+        return checks, broken
 
     def allow_request(self, request: Request, view: APIView) -> bool:
         self.decisions = []
-        checks = self.get_checks(request, view)
+        checks, broken = self.get_checks(request, view)
+        if broken and not settings.FAIL_OPEN:
+            raise _unavailable(view)
         if not checks:
             return True
         decisions = _decide(self, request, view, checks)
@@ -299,7 +363,7 @@ def _release_when_done(view: APIView, held: list[Decision]) -> None:
         for decision in held:
             try:
                 decision.policy.release(decision.key, decision)
-            except redis.RedisError as exc:  # the lease expires after the policy's timeout
+            except CLIENT_ERRORS as exc:  # the lease expires after the policy's timeout
                 report_outage(exc)
 
     finalize_response = view.finalize_response

@@ -17,18 +17,18 @@ from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
 
 from django_redislua.conf import settings
-from django_redislua.decorators import (
-    Rule,
+from django_redislua.limiting import RateLimited
+from django_redislua.request_layer import (
+    RuleOrError,
     adecide,
     adenied_response,
     afinish,
     decide,
     denied_response,
     finish,
-    rule_for_policy,
+    rule_for_name,
     unavailable_response,
 )
-from django_redislua.limiting import RateLimited, get_policy
 
 
 def _url_names(request: HttpRequest) -> set[str]:
@@ -41,8 +41,8 @@ def _url_names(request: HttpRequest) -> set[str]:
     return {match.url_name, match.view_name}
 
 
-def matching_rules(request: HttpRequest) -> list[Rule]:
-    """The MIDDLEWARE_POLICIES entries that apply to ``request``, as Rules."""
+def matching_rules(request: HttpRequest) -> list[RuleOrError]:
+    """The MIDDLEWARE_POLICIES entries that apply to ``request``, as Rules (or why not)."""
     entries = settings.MIDDLEWARE_POLICIES
     if not entries:
         return []
@@ -57,7 +57,7 @@ def matching_rules(request: HttpRequest) -> list[Rule]:
             matched = str(entry["name"]) in names
         if matched:
             overrides = {k: entry[k] for k in ("key", "methods", "block", "cost") if k in entry}
-            rules.append(rule_for_policy(get_policy(str(entry["policy"])), **overrides))
+            rules.append(rule_for_name(str(entry["policy"]), **overrides))
     return rules
 
 

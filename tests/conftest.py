@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from django_redislua import request_layer
 from django_redislua.connection import get_client
 from django_redislua.testing import (
     CommandRecorder,
@@ -26,6 +27,12 @@ def _flush_redis() -> Iterator[None]:
     client.script_flush()
     client.function_flush()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_log_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sees the first outage / broken-policy line (they are logged once a minute)."""
+    monkeypatch.setattr(request_layer, "_log_gate", request_layer._Throttled())
 
 
 @pytest.fixture

@@ -256,7 +256,7 @@ async def test_async_view() -> None:
 
 async def test_async_view_makes_no_thread_hop(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # The sync engine must not be used (it would block the loop or need a thread).
-    import django_redislua.decorators as decorators
+    import django_redislua.request_layer as decorators
 
     def forbidden(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("sync evaluate called from an async view")

@@ -13,7 +13,6 @@ import pytest
 import redis
 from django.contrib.auth.models import User
 from django.core.cache import caches
-from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from django.urls import include, path
 from rest_framework import routers, throttling, viewsets
@@ -120,13 +119,31 @@ def test_one_throttle_decision_is_one_evalsha(recorder: CommandRecorder) -> None
     assert recorder.commands == ["EVALSHA"]
 
 
-def test_missing_scope_rate_and_bad_rates_are_improperly_configured() -> None:
-    with rest({"anon": "1/m"}), pytest.raises(ImproperlyConfigured, match="'user' scope"):
-        drf.UserRateThrottle()
-    with rest({"user": "3 per minute"}), pytest.raises(ImproperlyConfigured, match="not a rate"):
-        drf.UserRateThrottle()
-    with rest({"user": 3}), pytest.raises(ImproperlyConfigured, match="must be a string"):  # type: ignore[dict-item]
-        drf.UserRateThrottle()
+@pytest.mark.parametrize(
+    ("rates", "check_id", "message"),
+    [
+        ({"anon": "1/m"}, "redislua.E022", "'user' scope"),
+        ({"user": "3 per minute"}, "redislua.E020", "not a rate"),
+        ({"user": "20/x"}, "redislua.E020", "unknown time unit"),
+        ({"user": 3}, "redislua.E020", "must be a string"),
+    ],
+)
+def test_missing_scope_rate_and_bad_rates_never_answer_500(
+    rates: dict[str, Any], check_id: str, message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DRF builds throttles per request: a wrong rate must not raise there (DRF's own classes
+    raise ImproperlyConfigured, a 500). The system check reports it; requests follow FAIL_OPEN."""
+    with rest(rates):
+        throttle = drf.UserRateThrottle()
+        assert throttle.error is not None and throttle.error.check_id == check_id
+        assert message in str(throttle.error)
+        view = view_with(drf.UserRateThrottle)
+        with caplog.at_level("ERROR", logger="django_redislua"):
+            assert statuses(view, 3) == [200, 200, 200]
+        assert check_id in caplog.text
+        with redislua(FAIL_OPEN=False):
+            response = call(view)
+        assert response.status_code == 503 and response["Retry-After"] == "1"
 
 
 # -- rates, live settings, timer ------------------------------------------------------------------
@@ -408,9 +425,16 @@ def test_policy_throttle_views_without_a_policy_are_not_throttled() -> None:
     assert statuses(view_with(drf.PolicyThrottle), 30, user=ALICE) == [200] * 30
 
 
-def test_policy_throttle_unknown_policy_names_the_known_ones() -> None:
-    with pytest.raises(KeyError, match="no REDISLUA policy named 'nope'"):
-        call(view_with(drf.PolicyThrottle, throttle_policy="nope"))
+def test_policy_throttle_unknown_policy_follows_fail_open_and_names_the_known_ones(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    view = view_with(drf.PolicyThrottle, throttle_policy="nope")
+    with caplog.at_level("ERROR", logger="django_redislua"):
+        assert statuses(view, 2) == [200, 200]
+    assert "no REDISLUA policy named 'nope' (known: api, export, login, search)" in caplog.text
+    assert "redislua.E021" in caplog.text
+    with redislua(FAIL_OPEN=False):
+        assert call(view).status_code == 503
 
 
 def test_concurrency_slot_is_held_while_the_view_runs_and_released_after(r: redis.Redis) -> None:

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 import pytest
 from django.test import AsyncClient, Client, override_settings
 
-from django_redislua import decorators
 from django_redislua.testing import RedisServer
 
 pytestmark = pytest.mark.django_db
@@ -25,12 +24,6 @@ BOUND = TIMEOUT + 0.4
 def server() -> Iterator[RedisServer]:
     with RedisServer() as srv:
         yield srv
-
-
-@pytest.fixture(autouse=True)
-def _fresh_outage_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(decorators._outage_state, "last", float("-inf"))
-    monkeypatch.setitem(decorators._outage_state, "suppressed", 0)
 
 
 def redislua(connection: str, fail_open: bool) -> dict[str, object]:

@@ -10,15 +10,16 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
 from django_redislua.conf import settings
+from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.keys import client_ip
 from django_redislua.limiting import Decision, Policy, aevaluate, evaluate
+from django_redislua.request_layer import report_outage
 from django_redislua.signals import rate_limited
 
 ALL = (None,)  # every HTTP method (django-ratelimit's sentinel)
@@ -157,9 +158,7 @@ def _usage(request: HttpRequest, decision: Decision, increment: bool) -> Usage:
     }
 
 
-def _outage(exc: redis.RedisError) -> Usage | None:
-    from django_redislua.decorators import report_outage
-
+def _outage(exc: BaseException) -> Usage | None:
     report_outage(exc)
     if _fail_open():
         return None
@@ -181,7 +180,7 @@ def get_usage(
     policy, value = check
     try:
         decision = evaluate([(policy, value, 1)], peek=not increment)[0]
-    except redis.RedisError as exc:
+    except CLIENT_ERRORS as exc:
         return _outage(exc)
     return _usage(request, decision, increment)
 
@@ -197,7 +196,7 @@ async def aget_usage(
     policy, value = check
     try:
         decision = (await aevaluate([(policy, value, 1)], peek=not increment))[0]
-    except redis.RedisError as exc:
+    except CLIENT_ERRORS as exc:
         return _outage(exc)
     return _usage(request, decision, increment)
 

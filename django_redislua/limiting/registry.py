@@ -1,12 +1,23 @@
-"""Policies from ``REDISLUA["POLICIES"]``, built once and rebuilt when settings change."""
+"""Policies from ``REDISLUA["POLICIES"]``, each built on first use and rebuilt when settings change.
+
+Built one by one, not all at once: a broken policy (the system checks report it) raises its
+PolicyError only where it is used, and never stops the views that use the others.
+"""
 
 from __future__ import annotations
 
-import functools
+import threading
 from typing import Any
 
 from django_redislua.conf import on_change, settings
 from django_redislua.limiting.policy import POLICY_OPTIONS, Policy, PolicyError
+
+
+class UnknownPolicy(PolicyError, KeyError):
+    """No policy of that name in ``REDISLUA["POLICIES"]`` (a KeyError too, for ``except``)."""
+
+    def __str__(self) -> str:  # KeyError's own would quote the whole message
+        return str(self.args[0])
 
 
 def build_policy(name: str, options: Any) -> Policy:
@@ -18,18 +29,37 @@ def build_policy(name: str, options: Any) -> Policy:
     return Policy(name, **known)
 
 
-@functools.cache
-def _policies() -> dict[str, Policy]:
-    return {name: build_policy(name, options) for name, options in settings.POLICIES.items()}
+_lock = threading.Lock()
+# name -> the built policy, or (check id, message) of the PolicyError building it raised.
+_built: dict[str, Policy | tuple[str, str]] = {}
 
 
-on_change(_policies.cache_clear)
+@on_change
+def _forget() -> None:
+    with _lock:
+        _built.clear()
 
 
 def get_policy(name: str) -> Policy:
-    """The policy ``name`` from ``REDISLUA["POLICIES"]``; KeyError names the known ones."""
-    try:
-        return _policies()[name]
-    except KeyError:
-        known = ", ".join(sorted(settings.POLICIES)) or "none"
-        raise KeyError(f"no REDISLUA policy named {name!r} (known: {known})") from None
+    """The policy ``name`` from ``REDISLUA["POLICIES"]``.
+
+    UnknownPolicy (redislua.E021) names the known ones; a policy whose options are wrong raises
+    the PolicyError its system check reports, every time it is asked for.
+    """
+    built = _built.get(name)
+    if built is None:
+        policies = settings.POLICIES
+        if name not in policies:
+            known = ", ".join(sorted(policies)) or "none"
+            raise UnknownPolicy(
+                "redislua.E021", f"no REDISLUA policy named {name!r} (known: {known})"
+            )
+        try:
+            built = build_policy(name, policies[name])
+        except PolicyError as exc:
+            built = (exc.check_id, str(exc))
+        with _lock:
+            built = _built.setdefault(name, built)
+    if isinstance(built, tuple):
+        raise PolicyError(*built)  # a new one each time: re-raising one would grow its traceback
+    return built

@@ -1,0 +1,370 @@
+"""The request layer shared by the decorator, the middleware, the DRF throttles and compat.
+
+It turns rules (a policy, a key function, a method filter) into engine checks for one request,
+decides them in ONE script call, and answers: the view runs, a 429 (``DENIED_VIEW``), or a 503.
+It holds the one FAIL_OPEN guard, which knows every way the Redis client can fail
+(:data:`~django_redislua.connection.CLIENT_ERRORS`) and every way a rule can be unusable
+(a :class:`~django_redislua.limiting.PolicyError`: an unknown policy name, a broken policy in
+settings, a rate callable returning something that is not a rate). Both follow
+``REDISLUA["FAIL_OPEN"]``: the rule is skipped (and logged) or the request is answered 503.
+Configuration mistakes are reported at start-up by the system checks; this is what a request
+meets when a deployment ignored them. Nothing here answers 500.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from asgiref.sync import async_to_sync, iscoroutinefunction
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.utils.module_loading import import_string
+
+from django_redislua.conf import settings
+from django_redislua.connection import CLIENT_ERRORS
+from django_redislua.headers import rate_limit_headers
+from django_redislua.keys import KeyFunc, key_function
+from django_redislua.limiting import (
+    Decision,
+    Policy,
+    PolicyError,
+    RateLimited,
+    aevaluate,
+    evaluate,
+    get_policy,
+)
+from django_redislua.limiting.engine import Check
+from django_redislua.signals import rate_limited
+
+logger = logging.getLogger("django_redislua")
+
+# Seconds between two log lines about the same failure: an outage (or a broken policy) must not
+# log once per request.
+OUTAGE_LOG_INTERVAL = 60.0
+UNAVAILABLE_RETRY_AFTER = 1  # seconds, on every 503 this app answers
+
+
+# -- rules ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """What one ``@ratelimit`` (or middleware entry, or policy throttle) checks."""
+
+    policy: Policy
+    key: KeyFunc
+    methods: frozenset[str] | None
+    cost: int
+    block: bool
+
+    def check(self, request: HttpRequest) -> Check | None:
+        """The engine check for ``request``, or None when this rule does not apply to it.
+
+        PolicyError when a rate callable returns something that is not a rate.
+        """
+        if self.methods is not None and request.method not in self.methods:
+            return None
+        policy = self.policy
+        if policy.is_dynamic:
+            rate = policy.rate_for(request)
+            if rate is None:  # the rate callable says: unlimited (e.g. for staff)
+                return None
+            if not isinstance(rate, str):
+                raise PolicyError(
+                    "redislua.E006",
+                    f"policy {policy.name!r}: the rate callable returned {rate!r:.80}, "
+                    "not a rate string or None",
+                )
+            policy = policy.with_rate(rate)
+        identity = self.key(request)
+        if identity is None:  # the key says: not limited
+            return None
+        return (policy, identity, self.cost)
+
+
+RuleOrError = Rule | PolicyError
+
+
+def rule_for_policy(policy: Policy, **overrides: Any) -> Rule:
+    """A Rule for a configured policy; ``key``/``methods``/``block``/``cost`` may be overridden.
+
+    PolicyError (redislua.E008) when the key is not a key.
+    """
+    methods = overrides.get("methods", policy.methods)
+    if methods is not None and not isinstance(methods, frozenset):
+        methods = frozenset(m.upper() for m in ([methods] if isinstance(methods, str) else methods))
+    return Rule(
+        policy=policy,
+        key=key_function(overrides.get("key", policy.key)),
+        methods=methods,
+        cost=int(overrides.get("cost", policy.cost)),
+        block=bool(overrides.get("block", policy.block)),
+    )
+
+
+def resolve_rule(build: Callable[[], Rule]) -> RuleOrError:
+    """``build()``, or the PolicyError saying why the rule cannot be used."""
+    try:
+        return build()
+    except PolicyError as exc:
+        return exc
+
+
+def rule_for_name(name: str, **overrides: Any) -> RuleOrError:
+    """The Rule of the configured policy ``name``, or why it cannot be used."""
+    return resolve_rule(lambda: rule_for_policy(get_policy(name), **overrides))
+
+
+# -- bounded logging -----------------------------------------------------------------------------
+class _Throttled:
+    """At most one log line per ``subject`` per OUTAGE_LOG_INTERVAL, counting what it held back."""
+
+    MAX_SUBJECTS = 256  # subjects come from the configuration; bound them anyway
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def due(self, subject: str) -> int | None:
+        """None to stay quiet, else how many lines were held back since the last one."""
+        now = time.monotonic()
+        with self._lock:
+            last, held = self._last.get(subject, (float("-inf"), 0))
+            if now - last < OUTAGE_LOG_INTERVAL:
+                self._last[subject] = (last, held + 1)
+                return None
+            if len(self._last) >= self.MAX_SUBJECTS and subject not in self._last:
+                self._last.clear()
+            self._last[subject] = (now, 0)
+            return held
+
+
+_log_gate = _Throttled()
+
+
+def report_outage(exc: BaseException) -> None:
+    """Log that Redis failed, at most once per OUTAGE_LOG_INTERVAL per process."""
+    held = _log_gate.due("outage")
+    if held is None:
+        return
+    logger.warning(
+        "Redis is unreachable for rate limiting (%s: %s); FAIL_OPEN=%s so requests are %s. "
+        "%d similar failures were not logged since the last warning.",
+        type(exc).__name__, exc, settings.FAIL_OPEN,
+        "allowed" if settings.FAIL_OPEN else "answered 503", held,
+    )
+
+
+def report_broken(exc: PolicyError) -> None:
+    """Log that a rule cannot be used (its check id says why), once a minute per mistake."""
+    held = _log_gate.due(f"{exc.check_id}:{exc}")
+    if held is None:
+        return
+    logger.error(
+        "rate limit not applied: %s (%s; python manage.py check reports it). FAIL_OPEN=%s so "
+        "requests it covers are %s. Held back %d repeats of this line.",
+        exc, exc.check_id, settings.FAIL_OPEN,
+        "allowed" if settings.FAIL_OPEN else "answered 503", held,
+    )
+
+
+# -- deciding (with the FAIL_OPEN guard) ---------------------------------------------------------
+@dataclass(frozen=True)
+class Outcome:
+    """The result of deciding a request's rules."""
+
+    rules: tuple[Rule, ...]
+    decisions: tuple[Decision, ...]
+    unavailable: bool = False  # Redis failed (or a rule is broken) and FAIL_OPEN is False: 503
+
+    @property
+    def blocked(self) -> bool:
+        pairs = zip(self.rules, self.decisions, strict=True)
+        return any(not decision.allowed and rule.block for rule, decision in pairs)
+
+
+UNAVAILABLE = Outcome((), (), unavailable=True)
+
+
+def checks_for(
+    request: HttpRequest, rules: Iterable[RuleOrError]
+) -> tuple[list[Rule], list[Check], bool]:
+    """The rules that apply, their checks, and whether any rule was unusable (logged here)."""
+    applied, checks, broken = [], [], False
+    for rule in rules:
+        if not isinstance(rule, PolicyError):
+            try:
+                check = rule.check(request)
+            except PolicyError as exc:
+                rule = exc
+            else:
+                if check is not None:
+                    applied.append(rule)
+                    checks.append(check)
+                continue
+        report_broken(rule)
+        broken = True
+    return applied, checks, broken
+
+
+def _record(request: HttpRequest, rules: list[Rule], decisions: Sequence[Decision]) -> Outcome:
+    previous = getattr(request, "ratelimit", None)
+    request.ratelimit = [*(previous or []), *decisions]  # type: ignore[attr-defined]
+    limited = any(not d.allowed for d in decisions)
+    request.limited = getattr(request, "limited", False) or limited  # type: ignore[attr-defined]
+    return Outcome(tuple(rules), tuple(decisions))
+
+
+def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any) -> Outcome:
+    """Decide ``rules`` for ``request`` in one script call; record and signal the result."""
+    applied, checks, broken = checks_for(request, rules)
+    if broken and not settings.FAIL_OPEN:
+        return UNAVAILABLE
+    decisions: list[Decision] = []
+    if checks:
+        try:
+            decisions = evaluate(checks)
+        except CLIENT_ERRORS as exc:
+            report_outage(exc)
+            if not settings.FAIL_OPEN:
+                return UNAVAILABLE
+            applied = []
+    outcome = _record(request, applied, decisions)
+    for decision in decisions:
+        if not decision.allowed:
+            rate_limited.send(sender, request=request, decision=decision)
+    return outcome
+
+
+async def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any) -> Outcome:
+    """The asyncio twin of :func:`decide` (no thread hop: the asyncio Redis client)."""
+    applied, checks, broken = checks_for(request, rules)
+    if broken and not settings.FAIL_OPEN:
+        return UNAVAILABLE
+    decisions: list[Decision] = []
+    if checks:
+        try:
+            decisions = await aevaluate(checks)
+        except CLIENT_ERRORS as exc:
+            report_outage(exc)
+            if not settings.FAIL_OPEN:
+                return UNAVAILABLE
+            applied = []
+    outcome = _record(request, applied, decisions)
+    for decision in decisions:
+        if not decision.allowed:
+            await rate_limited.asend(sender, request=request, decision=decision)
+    return outcome
+
+
+# -- responses -----------------------------------------------------------------------------------
+def add_headers(response: HttpResponseBase, decisions: Sequence[Decision]) -> None:
+    """Rate-limit headers per ``REDISLUA["HEADERS"]``; headers already set are kept."""
+    for name, value in rate_limit_headers(decisions).items():
+        if name not in response:
+            response[name] = value
+
+
+def _default_denied(request: HttpRequest, exception: RateLimited) -> HttpResponse:
+    return HttpResponse(
+        "Too Many Requests\n", status=429, content_type="text/plain; charset=utf-8"
+    )
+
+
+def _denied_view() -> Callable[..., Any]:
+    path = settings.DENIED_VIEW
+    return _default_denied if path is None else cast(Callable[..., Any], import_string(path))
+
+
+def denied_response(request: HttpRequest, exception: RateLimited) -> HttpResponseBase:
+    """``DENIED_VIEW(request, exception)`` (default: a plain 429) plus Retry-After and headers."""
+    view = _denied_view()
+    if iscoroutinefunction(view):
+        response = async_to_sync(view)(request, exception)
+    else:
+        response = view(request, exception)
+    add_headers(response, exception.decisions)
+    return cast(HttpResponseBase, response)
+
+
+async def adenied_response(request: HttpRequest, exception: RateLimited) -> HttpResponseBase:
+    view = _denied_view()
+    if iscoroutinefunction(view):
+        response = await view(request, exception)
+    else:
+        response = view(request, exception)
+    add_headers(response, exception.decisions)
+    return cast(HttpResponseBase, response)
+
+
+def mark_logged(response: HttpResponseBase) -> HttpResponseBase:
+    """Keep Django's request logger from writing a line for this response.
+
+    During an outage every request is answered 503, and ``django.request`` logs each 5xx as
+    an ERROR; :func:`report_outage` already says it once a minute.
+    """
+    response._has_been_logged = True  # type: ignore[attr-defined]  # read by log_response
+    return response
+
+
+def unavailable_response() -> HttpResponseBase:
+    """FAIL_OPEN = False and the limiter cannot decide: 503 with Retry-After, never a 500."""
+    return mark_logged(HttpResponse(
+        "Service Unavailable: rate limiter unreachable\n", status=503,
+        content_type="text/plain; charset=utf-8",
+        headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER)},
+    ))
+
+
+# -- concurrency leases --------------------------------------------------------------------------
+def release_all(decisions: Sequence[Decision]) -> None:
+    for decision in decisions:
+        if decision.lease is not None:
+            try:
+                decision.policy.release(decision.key, decision)
+            except CLIENT_ERRORS as exc:  # the lease expires after the policy's timeout anyway
+                report_outage(exc)
+
+
+async def arelease_all(decisions: Sequence[Decision]) -> None:
+    for decision in decisions:
+        if decision.lease is not None:
+            try:
+                await decision.policy.arelease(decision.key, decision)
+            except CLIENT_ERRORS as exc:
+                report_outage(exc)
+
+
+def _on_close(response: HttpResponseBase, callback: Callable[[], None]) -> None:
+    # Django runs a response's resource closers from close(), which WSGI servers and the ASGI
+    # handler call once the last chunk is sent (or the client went away).
+    closers: list[Callable[[], None]] = response._resource_closers  # type: ignore[attr-defined]
+    closers.append(callback)
+
+
+def finish(response: HttpResponseBase, decisions: Sequence[Decision]) -> HttpResponseBase:
+    """Headers on an allowed response; concurrency slots released when the response is done.
+
+    A streaming response is not done when the view returns: its slots are released by
+    ``response.close()``, which the WSGI/ASGI handler calls after the last chunk is sent.
+    """
+    add_headers(response, decisions)
+    if any(d.lease is not None for d in decisions):
+        if response.streaming:
+            _on_close(response, functools.partial(release_all, decisions))
+        else:
+            release_all(decisions)
+    return response
+
+
+async def afinish(response: HttpResponseBase, decisions: Sequence[Decision]) -> HttpResponseBase:
+    add_headers(response, decisions)
+    if any(d.lease is not None for d in decisions):
+        if response.streaming:
+            _on_close(response, functools.partial(release_all, decisions))
+        else:
+            await arelease_all(decisions)
+    return response
