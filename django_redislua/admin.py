@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import redis
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
@@ -20,6 +19,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
 
 from django_redislua.conf import settings
+from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.limiting import inspect
 from django_redislua.limiting.registry import get_policy
 from django_redislua.locks import inspect as locks_inspect
@@ -166,7 +166,7 @@ class RedisLuaAdmin(ModelAdmin):
             nodes = inspect.server_status()
         except ValueError as exc:
             return HttpResponseBadRequest(str(exc))
-        except redis.RedisError as exc:
+        except CLIENT_ERRORS as exc:
             messages.error(request, f"Redis did not answer: {exc}")
         return TemplateResponse(request, "admin/django_redislua/redislua/keys.html", self._context(
             request, "Rate-limit keys", "keys",
@@ -204,7 +204,7 @@ class RedisLuaAdmin(ModelAdmin):
                 calls += 1
                 if cursor == 0:
                     break
-        except redis.RedisError as exc:
+        except CLIENT_ERRORS as exc:
             messages.error(request, f"Redis did not answer: {exc}")
             cursor = 0
         rows = [
@@ -227,7 +227,7 @@ class RedisLuaAdmin(ModelAdmin):
         nodes: list[inspect.NodeStatus] = []
         try:
             nodes = inspect.server_status()
-        except redis.RedisError as exc:
+        except CLIENT_ERRORS as exc:
             messages.error(request, f"Redis did not answer: {exc}")
         scripts = [
             # Plain values: the template engine would call a Script (it is callable).
@@ -256,7 +256,7 @@ class RedisLuaAdmin(ModelAdmin):
             try:
                 page = inspect.scan_keys(search=key)
                 state = page.keys[0] if page.keys else None
-            except redis.RedisError as exc:
+            except CLIENT_ERRORS as exc:
                 messages.error(request, f"Redis did not answer: {exc}")
             return TemplateResponse(
                 request, "admin/django_redislua/redislua/confirm.html",
@@ -268,7 +268,7 @@ class RedisLuaAdmin(ModelAdmin):
             )
         try:
             deleted = inspect.reset_key(key)
-        except redis.RedisError as exc:
+        except CLIENT_ERRORS as exc:
             messages.error(request, f"Redis did not answer: {exc}; {key} was not reset.")
             return HttpResponseRedirect(back)
         if deleted:
@@ -292,7 +292,7 @@ class RedisLuaAdmin(ModelAdmin):
             held = None
             try:
                 held = locks_inspect.get_lock(name)
-            except redis.RedisError as exc:
+            except CLIENT_ERRORS as exc:
                 messages.error(request, f"Redis did not answer: {exc}")
             return TemplateResponse(
                 request, "admin/django_redislua/redislua/confirm.html",
@@ -301,7 +301,7 @@ class RedisLuaAdmin(ModelAdmin):
             )
         try:
             released = locks_inspect.force_release(name)
-        except redis.RedisError as exc:
+        except CLIENT_ERRORS as exc:
             messages.error(request, f"Redis did not answer: {exc}; lock {name} was not released.")
             return HttpResponseRedirect(back)
         if released:

@@ -1,33 +1,35 @@
-"""System checks for ``settings.REDISLUA``: every mistake has a stable id, listed in docs/checks.md.
+"""System checks: every configuration mistake has a stable id, listed in the docs' checks page.
 
-They run offline (``manage.py check`` never connects to Redis).
+They cover ``settings.REDISLUA``, the connection (URL or cache alias with its LOCATION), every
+``@ratelimit`` on a view the URLconf reaches, and this app's DRF throttles as the views and
+``REST_FRAMEWORK`` use them. They run offline: ``manage.py check`` never connects to Redis.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
-from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from django_redislua.conf import DEFAULTS, HEADER_MODES
 from django_redislua.limiting.policy import POLICY_OPTIONS, PolicyError
 from django_redislua.limiting.registry import build_policy
-
-DOCS = "See docs/checks.md."
+from django_redislua.links import check_url
+from django_redislua.request_layer import rule_for_name
 
 
 def _error(check_id: str, msg: str, hint: str | None = None) -> Error:
-    return Error(msg, hint=hint or DOCS, id=check_id)
+    see = f"See {check_url(check_id)}"
+    return Error(msg, hint=f"{hint} {see}" if hint else see, id=check_id)
 
 
 def _connection(config: dict[str, Any]) -> list[CheckMessage]:
-    from django_redislua.connection import REDIS_CACHE_BACKENDS, parse_url
+    from django_redislua.connection import ConnectionConfigError, resolve_endpoint
 
     target = config.get("CONNECTION", DEFAULTS["CONNECTION"])
-    caches = getattr(django_settings, "CACHES", {})
     if not isinstance(target, str) or not target:
         return [
             _error(
@@ -35,30 +37,11 @@ def _connection(config: dict[str, Any]) -> list[CheckMessage]:
                 f"REDISLUA['CONNECTION'] must be a cache alias or URL, not {target!r}.",
             )
         ]
-    if target in caches:
-        backend = caches[target].get("BACKEND", "")
-        if backend not in REDIS_CACHE_BACKENDS:
-            return [
-                _error(
-                    "redislua.E003",
-                    f"REDISLUA['CONNECTION'] names the cache {target!r}, whose backend "
-                    f"{backend!r} is not a Redis backend.",
-                    f"Use one of {', '.join(REDIS_CACHE_BACKENDS)}, or a redis:// URL.",
-                )
-            ]
-        return []
-    if "://" not in target:
-        return [
-            _error(
-                "redislua.E002",
-                f"REDISLUA['CONNECTION'] {target!r} is not a CACHES alias "
-                f"(known: {', '.join(caches) or 'none'}) and not a URL.",
-            )
-        ]
+    caches = getattr(django_settings, "CACHES", {})
     try:
-        parse_url(target)
-    except ImproperlyConfigured as exc:
-        return [_error("redislua.E002", str(exc))]
+        resolve_endpoint(target, caches)
+    except ConnectionConfigError as exc:
+        return [_error(exc.check_id, str(exc))]
     return []
 
 
@@ -86,7 +69,8 @@ def _policies(config: dict[str, Any]) -> list[CheckMessage]:
             messages.append(
                 Warning(
                     f"policy {name!r} has unknown options {unknown}; they are ignored.",
-                    hint=f"Known options: {', '.join(sorted(POLICY_OPTIONS))}. {DOCS}",
+                    hint=f"Known options: {', '.join(sorted(POLICY_OPTIONS))}. "
+                    f"See {check_url('redislua.W002')}",
                     id="redislua.W002",
                 )
             )
@@ -100,7 +84,7 @@ def _scalars(config: dict[str, Any]) -> list[CheckMessage]:
         messages.append(
             Warning(
                 f"REDISLUA has unknown settings {unknown}; they are ignored.",
-                hint=f"Known settings: {', '.join(DEFAULTS)}. {DOCS}",
+                hint=f"Known settings: {', '.join(DEFAULTS)}. See {check_url('redislua.W001')}",
                 id="redislua.W001",
             )
         )
@@ -224,6 +208,111 @@ def _drf_rates() -> list[CheckMessage]:
     return messages
 
 
+def _url_views() -> Iterator[tuple[str, Any]]:
+    """``(route, callback)`` of every view the root URLconf reaches (includes followed)."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    def walk(patterns: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+        for entry in patterns:
+            if isinstance(entry, URLResolver):
+                yield from walk(entry.url_patterns, prefix + str(entry.pattern))
+            elif isinstance(entry, URLPattern):
+                yield prefix + str(entry.pattern), entry.callback
+
+    try:
+        patterns = get_resolver().url_patterns
+    except Exception:  # Django's own URL checks report a URLconf that fails to import
+        return
+    yield from walk(patterns, "")
+
+
+def _view_targets(callback: Any) -> Iterator[Any]:
+    """The callables a view's ``@ratelimit`` can sit on: the function, or a class-based view's
+    ``dispatch`` and handler methods."""
+    yield callback
+    view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
+    if isinstance(view_class, type):
+        for name in ("dispatch", *getattr(view_class, "http_method_names", ())):
+            method = getattr(view_class, name, None)
+            if method is not None:
+                yield method
+
+
+def _decorated_views() -> list[CheckMessage]:
+    """Every ``@ratelimit`` on a routed view: its policy exists, its inline options are valid."""
+    from django_redislua.decorators import specs_of
+
+    messages: list[CheckMessage] = []
+    seen: set[int] = set()
+    for route, callback in _url_views():
+        for target in _view_targets(callback):
+            for spec in specs_of(target):
+                if id(spec) in seen:
+                    continue
+                seen.add(id(spec))
+                error = spec.error()
+                if error is not None:
+                    messages.append(_error(
+                        error.check_id, f"@ratelimit on the view at {route or '/'!r}: {error}"
+                    ))
+    return messages
+
+
+def _drf_throttles() -> list[CheckMessage]:
+    """This app's DRF throttles, on the views that use them and in DEFAULT_THROTTLE_CLASSES:
+    every scope has a rate that parses, every throttle_policy exists."""
+    from django.apps import apps
+
+    if not apps.is_installed("rest_framework"):
+        return []
+    from django_redislua import drf
+
+    in_use: dict[tuple[Any, str], Any] = {}  # (throttle class, route) -> view class
+    try:
+        from rest_framework.settings import api_settings
+
+        for default in api_settings.DEFAULT_THROTTLE_CLASSES:
+            in_use[(default, "REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES']")] = None
+    except ImportError:
+        pass  # DRF's own check names the class that does not import
+    for route, callback in _url_views():
+        view_class = getattr(callback, "cls", None)
+        for throttle in getattr(view_class, "throttle_classes", None) or ():
+            in_use[(throttle, route or "/")] = view_class
+    messages: list[CheckMessage] = []
+    reported: set[str] = set()
+    for (throttle_class, where), view_class in in_use.items():
+        for error in _throttle_errors(drf, throttle_class, view_class):
+            if str(error) not in reported:  # one line per mistake, not per view repeating it
+                reported.add(str(error))
+                name = throttle_class.__name__
+                messages.append(_error(error.check_id, f"{name} on {where}: {error}"))
+    return messages
+
+
+def _throttle_errors(drf: Any, given: object, view_class: Any) -> list[PolicyError]:
+    """What is wrong with throttle class ``given`` as the view class (None: globally) uses it."""
+    if not isinstance(given, type):
+        return []
+    cls: Any = given
+    if issubclass(cls, drf.ScopedRateThrottle):
+        scope = getattr(view_class, cls.scope_attr, None) if view_class is not None else None
+        if not scope:
+            return []
+        throttle = cls()
+        throttle.scope = scope
+        throttle._configure()
+        return [throttle.error] if throttle.error is not None else []
+    if issubclass(cls, drf.SimpleRateThrottle):
+        error = cls().error
+        return [error] if error is not None else []
+    if issubclass(cls, drf.PolicyThrottle) and view_class is not None:
+        names = getattr(view_class, cls.policy_attr, None) or ()
+        rules = [rule_for_name(name) for name in ([names] if isinstance(names, str) else names)]
+        return [rule for rule in rules if isinstance(rule, PolicyError)]
+    return []
+
+
 @register(Tags.compatibility)
 def check_settings(**kwargs: Any) -> list[CheckMessage]:
     config = getattr(django_settings, "REDISLUA", {})
@@ -240,3 +329,12 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
         *_middleware_policies(config),
         *_drf_rates(),
     ]
+
+
+@register(Tags.urls)
+def check_views(**kwargs: Any) -> list[CheckMessage]:
+    """The views' ``@ratelimit`` arguments and DRF throttles (needs the URLconf)."""
+    config = getattr(django_settings, "REDISLUA", {})
+    if not isinstance(config, dict) or not isinstance(config.get("POLICIES", {}), dict):
+        return []  # check_settings reports it; policies cannot be looked up
+    return [*_decorated_views(), *_drf_throttles()]

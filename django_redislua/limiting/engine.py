@@ -16,7 +16,13 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from django_redislua.connection import AsyncClient, SyncClient, get_async_client, get_client
+from django_redislua.connection import (
+    AsyncClient,
+    SyncClient,
+    get_async_client,
+    get_client,
+    on_throwaway_loop,
+)
 from django_redislua.limiting.policy import Decision, Policy, PolicyError, RateLimited
 from django_redislua.scripts import get_script
 
@@ -123,6 +129,8 @@ async def aevaluate(
 ) -> list[Decision]:
     """The asyncio twin of :func:`evaluate`."""
     if client is None:
+        if on_throwaway_loop():  # an async view under WSGI: see on_throwaway_loop
+            return evaluate(checks, peek=peek, now_us=now_us)
         client = get_async_client()
     script = get_script(SCRIPT)
     if len(checks) == 1 or not isinstance(client, CLUSTER_CLIENTS):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils.module_loading import import_string
 
 from django_redislua.conf import settings
-from django_redislua.connection import get_async_client, get_client
+from django_redislua.connection import get_async_client, get_client, on_throwaway_loop
 from django_redislua.limiting.identity import bound_identity
 from django_redislua.limiting.rates import Rate, RateError, parse_duration, parse_rate
 
@@ -209,9 +209,13 @@ class Policy:
         return (await engine.aevaluate([(self, key, self.cost)], peek=True))[0]
 
     async def areset(self, key: str | bytes | int) -> None:
+        if on_throwaway_loop():
+            return self.reset(key)
         await get_async_client().delete(self.redis_key(key))
 
     async def arelease(self, key: str | bytes | int, decision: Decision) -> None:
+        if on_throwaway_loop():
+            return self.release(key, decision)
         if decision.lease is not None:
             await get_async_client().zrem(self.redis_key(key), decision.lease)
 

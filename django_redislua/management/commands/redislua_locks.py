@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redislua.locks.inspect import force_release, scan_locks
+from django_redislua.management import redis_errors_as_command_errors
 
 HEADER = ("NAME", "OWNER", "TTL", "TOKEN", "COUNT", "WAITERS")
 
@@ -20,6 +21,10 @@ class Command(BaseCommand):
                             help="delete the lock NAME whoever holds it, and wake its waiters")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        with redis_errors_as_command_errors():
+            self._handle(options)
+
+    def _handle(self, options: dict[str, Any]) -> None:
         name = options["release"]
         if name is not None:
             if not force_release(name):

@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redislua.functions import FunctionsUnsupported, load_functions, load_scripts
+from django_redislua.management import redis_errors_as_command_errors
 
 
 class Command(BaseCommand):
@@ -30,10 +31,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            if options["functions"]:
-                report = load_functions(check_only=options["check"])
-            else:
-                report = load_scripts(check_only=options["check"])
+            with redis_errors_as_command_errors():
+                if options["functions"]:
+                    report = load_functions(check_only=options["check"])
+                else:
+                    report = load_scripts(check_only=options["check"])
         except FunctionsUnsupported as exc:
             raise CommandError(str(exc)) from None
         width = max((len(r.name) for r in report), default=4)

@@ -6,7 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_redislua.limiting import get_policy
+from django_redislua.limiting import PolicyError, get_policy
+from django_redislua.management import redis_errors_as_command_errors
 
 
 class Command(BaseCommand):
@@ -19,8 +20,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             policy = get_policy(options["policy"])
-        except KeyError as exc:
-            raise CommandError(exc.args[0]) from None
+        except PolicyError as exc:
+            raise CommandError(f"{exc} ({exc.check_id})") from None
         key = policy.redis_key(options["identity"])
-        policy.reset(options["identity"])
+        with redis_errors_as_command_errors():
+            policy.reset(options["identity"])
         self.stdout.write(self.style.SUCCESS(f"reset {key}"))

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 
 from django_redislua.conf import settings
 from django_redislua.connection import primary_nodes, resolve_endpoint
 from django_redislua.functions import load_scripts, server_version
-from django_redislua.limiting import get_policy
+from django_redislua.limiting import PolicyError, get_policy
+from django_redislua.management import redis_errors_as_command_errors
 
 SCAN_BUDGET = 100_000  # keys examined per node at most, so a huge Redis still answers quickly
 
@@ -22,10 +23,10 @@ class Command(BaseCommand):
         parser.add_argument("--no-keys", action="store_true", help="skip counting keys (no SCAN)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        endpoint = resolve_endpoint()
-        source = f"cache {endpoint.cache_alias!r}" if endpoint.cache_alias else "URL"
-        self.stdout.write(f"connection: {endpoint.kind} via {source}")
-        try:
+        with redis_errors_as_command_errors():
+            endpoint = resolve_endpoint()
+            source = f"cache {endpoint.cache_alias!r}" if endpoint.cache_alias else "URL"
+            self.stdout.write(f"connection: {endpoint.kind} via {source}")
             nodes = primary_nodes()
             for node, client in nodes:
                 version = ".".join(map(str, server_version(client)))
@@ -33,7 +34,11 @@ class Command(BaseCommand):
                 self.stdout.write(f"node {node}: Redis {version}, used memory {memory}")
             self.stdout.write("policies:")
             for name in settings.POLICIES:
-                policy = get_policy(name)
+                try:
+                    policy = get_policy(name)
+                except PolicyError as exc:
+                    self.stdout.write(self.style.ERROR(f"  {name}: {exc} ({exc.check_id})"))
+                    continue
                 what = policy.rate if policy.rate else policy.rate_spec
                 if policy.algorithm == "concurrency":
                     what = f"{policy.limit} slots, lease {policy.timeout}s"
@@ -46,8 +51,6 @@ class Command(BaseCommand):
                 self.stdout.write("keys:")
                 for node, client in nodes:
                     self.stdout.write(f"  {node}: {self._count(client)}")
-        except redis.RedisError as exc:
-            raise CommandError(f"Redis unreachable: {exc}") from None
 
     def _count(self, client: redis.Redis) -> str:
         count = examined = 0
