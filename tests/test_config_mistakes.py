@@ -12,6 +12,7 @@ from django.core.management.base import SystemCheckError
 from django.test import Client, override_settings
 
 from django_redislua.checks import check_settings, check_views
+from django_redislua.links import DOCS_URL
 
 pytestmark = pytest.mark.django_db
 
@@ -57,9 +58,10 @@ def test_manage_py_check_fails_on_them_with_links_to_the_published_docs() -> Non
     with BROKEN_URLS, pytest.raises(SystemCheckError) as failure:
         call_command("check", stdout=StringIO(), stderr=StringIO())
     text = str(failure.value)
+    assert DOCS_URL.startswith("https://")
     for check_id in ("E005", "E006", "E008", "E021", "E022"):
         assert f"redislua.{check_id}" in text
-        assert f"https://django-redislua.readthedocs.io/en/latest/checks.html#redislua-{check_id.lower()}" in text
+        assert f"{DOCS_URL}checks.html#redislua-{check_id.lower()}" in text
     assert "docs/checks.md" not in text
 
 
