@@ -447,11 +447,15 @@ class RedisClusterServers:
     """
 
     def __init__(
-        self, primaries: int = 3, replicas: int = 1, *, password: str | None = None
+        self, primaries: int = 3, replicas: int = 1, *, password: str | None = None,
+        first_port: int | None = None,
     ) -> None:
         self.primaries = primaries
         self.replicas = replicas
         self.password = password
+        # A port chosen beforehand (free_cluster_port()), so settings can name the cluster
+        # before it exists: tests of an app started while its cluster is down.
+        self.first_port = first_port
         self.servers: list[RedisServer] = []
 
     @property
@@ -462,8 +466,9 @@ class RedisClusterServers:
         total = self.primaries * (1 + self.replicas)
         masterauth = ("--masterauth", self.password) if self.password is not None else ()
         for index in range(total):
+            port = self.first_port if index == 0 and self.first_port else free_cluster_port()
             server = RedisServer(
-                port=free_cluster_port(),
+                port=port,
                 extra_args=(
                     "--cluster-enabled",
                     "yes",

@@ -56,3 +56,12 @@ REDISLUA = {
         "export": {"algorithm": "concurrency", "limit": 2, "key": "user", "timeout": "10m"},
     },
 }
+# As README and docs/drf.md tell users: this app's throttles as DRF's global default. The rates
+# are high so tests that do not count throttled requests are not disturbed; tests override them.
+REST_FRAMEWORK = {
+    "DEFAULT_THROTTLE_CLASSES": [
+        "django_redislua.drf.AnonRateThrottle",
+        "django_redislua.drf.UserRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {"anon": "1000/m", "user": "1000/m"},
+}
