@@ -360,10 +360,22 @@ _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncClient
 )
 
 
-_closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncGenerator[None, None]] = (
-    weakref.WeakKeyDictionary()
-)
+# Every client's closer stays referenced until its loop shuts down, even after a settings change
+# dropped the client: a closer that is garbage-collected while its loop is not running (a test's
+# loop between two tests) could never close its client, which would leak its connections.
+_closers: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, list[AsyncGenerator[None, None]]
+] = weakref.WeakKeyDictionary()
 _closing: set[asyncio.Future[None]] = set()
+
+
+async def _aclose(client: AsyncClient) -> None:
+    """Close an asyncio client, and for Sentinel the connections to the sentinels too (closing
+    the primary's client leaves the Sentinel manager's own clients open)."""
+    await client.aclose()
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        await sentinel.aclose()
 
 
 def _close_soon(loop: asyncio.AbstractEventLoop, client: AsyncClient) -> None:
@@ -372,7 +384,7 @@ def _close_soon(loop: asyncio.AbstractEventLoop, client: AsyncClient) -> None:
         return
 
     def schedule() -> None:
-        task = asyncio.ensure_future(client.aclose(), loop=loop)
+        task = asyncio.ensure_future(_aclose(client), loop=loop)
         _closing.add(task)
         task.add_done_callback(_closing.discard)
 
@@ -394,7 +406,6 @@ def reset_clients() -> None:
         _sync_client = _sync_failure = None
         dropped = list(_async_clients.items())
         _async_clients.clear()
-        _closers.clear()
     for loop, client in dropped:
         _close_soon(loop, client)
 
@@ -435,8 +446,8 @@ async def _close_with_loop(
         # The client refers to its loop, so the weak-keyed maps would never drop it by themselves.
         if _async_clients.get(loop) is client:
             del _async_clients[loop]
-            _closers.pop(loop, None)
-        await client.aclose()
+        _closers.pop(loop, None)  # the loop is shutting down: every closer of it runs now
+        await _aclose(client)
 
 
 def on_throwaway_loop() -> bool:
@@ -472,7 +483,7 @@ def get_async_client() -> AsyncClient:
         with contextlib.suppress(StopIteration):
             closer.__anext__().send(None)
         _async_clients[loop] = client
-        _closers[loop] = closer
+        _closers.setdefault(loop, []).append(closer)
     return client
 
 
@@ -499,4 +510,4 @@ async def aclose_client() -> None:
     client = _async_clients.pop(loop, None)
     _closers.pop(loop, None)
     if client is not None:
-        await client.aclose()
+        await _aclose(client)

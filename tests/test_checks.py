@@ -141,22 +141,31 @@ def test_w002_unknown_policy_option():
     assert policy(rate="5/m", window=3) == ["redislua.W002"]
 
 
-def test_docs_list_every_id():
+def test_docs_list_every_id_with_the_anchor_the_hints_link_to():
+    import re
     from pathlib import Path
 
-    import django_redislua.checks as checks_module
+    import django_redislua
 
-    source = Path(checks_module.__file__).read_text()
-    import re
-
-    used = set(re.findall(r"redislua\.[EW]\d{3}", source))
-    policy_source = (Path(checks_module.__file__).parent / "limiting" / "policy.py").read_text()
-    keys_source = (Path(checks_module.__file__).parent / "keys.py").read_text()
-    used |= set(re.findall(r"redislua\.[EW]\d{3}", policy_source + keys_source))
+    package = Path(django_redislua.__file__).parent
+    used = set()
+    for source in package.rglob("*.py"):
+        used |= set(re.findall(r"redislua\.[EW]\d{3}", source.read_text()))
     docs = (Path(__file__).resolve().parent.parent / "docs" / "checks.md").read_text()
-    assert used and all(check_id in docs for check_id in used), used - set(
-        re.findall(r"redislua\.[EW]\d{3}", docs)
-    )
+    anchors = set(re.findall(r"^\((redislua-[ew]\d{3})\)=$", docs, re.MULTILINE))
+    assert used and {i.lower().replace(".", "-") for i in used} <= anchors, used
+
+
+def test_hints_link_to_the_published_entry():
+    from django_redislua.links import DOCS_URL
+
+    (message,) = check_settings_with(HEADERS="rfc")
+    assert message.hint == f"See {DOCS_URL}checks.html#redislua-e012"
+
+
+def check_settings_with(**redislua):
+    with override_settings(REDISLUA=redislua):
+        return check_settings()
 
 
 def test_e020_drf_throttle_rate():
