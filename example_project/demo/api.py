@@ -23,6 +23,10 @@ class DecisionsViewSet(viewsets.ViewSet):
         ])
 
 
+class GlobalViewSet(DecisionsViewSet):
+    """No throttle_classes here: REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] (anon + user)."""
+
+
 class AnonViewSet(DecisionsViewSet):
     """``anon`` rate, by client address; signed-in users are not throttled here."""
 
@@ -57,6 +61,7 @@ class ExportViewSet(DecisionsViewSet):
 
 
 router = routers.DefaultRouter()
+router.register("global", GlobalViewSet, basename="api-global")
 router.register("anon", AnonViewSet, basename="api-anon")
 router.register("user", UserViewSet, basename="api-user")
 router.register("burst", BurstViewSet, basename="api-burst")

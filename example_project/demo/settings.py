@@ -68,5 +68,11 @@ REDISLUA = {
 
 # Rates of the django_redislua.drf throttles in demo/api.py (read live; any engine rate form).
 REST_FRAMEWORK = {
+    # This app's throttles as the global default, as README shows: every API view without
+    # throttle_classes of its own (e.g. /api/global/) is throttled by them, atomically.
+    "DEFAULT_THROTTLE_CLASSES": [
+        "django_redislua.drf.AnonRateThrottle",
+        "django_redislua.drf.UserRateThrottle",
+    ],
     "DEFAULT_THROTTLE_RATES": {"anon": "20/h", "user": "100/day", "burst": "5/10s"},
 }
