@@ -20,6 +20,7 @@ This is the only module that imports ``rest_framework``.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -52,11 +53,13 @@ from django_redislua.limiting.engine import Check
 from django_redislua.limiting.rates import RateError
 from django_redislua.request_layer import (
     UNAVAILABLE_RETRY_AFTER,
+    Rule,
     checks_for,
     mark_logged,
     report_broken,
     report_outage,
     rule_for_name,
+    soft_indexes,
 )
 from django_redislua.signals import rate_limited
 
@@ -101,14 +104,14 @@ def _unavailable(view: APIView | None) -> RateLimiterUnavailable:
 
 def _decide(
     throttle: BaseThrottle, request: Request, view: APIView | None, checks: Sequence[Check],
-    now_us: int | None = None,
+    now_us: int | None = None, soft: frozenset[int] = frozenset(),
 ) -> list[Decision] | None:
     """Decide ``checks`` in one script call and record them.
 
     The limiter failing: None (admit) with ``FAIL_OPEN``, else RateLimiterUnavailable (503).
     """
     try:
-        decisions = evaluate(checks, now_us=now_us)
+        decisions = evaluate(checks, now_us=now_us, soft=soft)
     except CLIENT_ERRORS as exc:
         report_outage(exc)  # one warning a minute, not one per request
         if settings.FAIL_OPEN:
@@ -117,14 +120,17 @@ def _decide(
     recorded = [*getattr(request, "ratelimit", ()), *decisions]
     request.ratelimit = recorded  # type: ignore[attr-defined]
     if view is not None and isinstance(getattr(view, "headers", None), dict):
-        headers = rate_limit_headers(recorded)
         # DRF sets Retry-After itself from the largest wait() of every throttle on the view.
-        headers.pop("Retry-After", None)
-        view.headers.update(headers)
+        view.headers.update(rate_limit_headers(recorded, retry_after=False))
     for decision in decisions:
         if not decision.allowed:
             rate_limited.send(type(throttle), request=request, decision=decision)
     return decisions
+
+
+def _wait(seconds: float) -> float | None:
+    """DRF's wait(): None when no wait can help (DRF then sends no Retry-After)."""
+    return None if math.isinf(seconds) else seconds
 
 
 def _broken(view: APIView | None, error: PolicyError) -> bool:
@@ -248,7 +254,7 @@ class SimpleRateThrottle(BaseThrottle):
         was lowered); this gives the exact time until enough of them have aged out. 0.0 after an
         admitted request; None when Redis could not be asked (FAIL_OPEN admitted the request).
         """
-        return None if self.decision is None else self.decision.retry_after
+        return None if self.decision is None else _wait(self.decision.retry_after)
 
 
 class AnonRateThrottle(SimpleRateThrottle):
@@ -317,34 +323,38 @@ class PolicyThrottle(BaseThrottle):
 
     def __init__(self) -> None:
         self.decisions: list[Decision] = []
+        self.blocking: list[Decision] = []
 
-    def get_checks(self, request: Request, view: APIView) -> tuple[list[Check], bool]:
-        """The checks of the view's policies, and whether any of them cannot be used."""
+    def get_rules(self, request: Request, view: APIView) -> tuple[list[Rule], list[Check], bool]:
+        """The rules of the view's policies that apply, their checks, and whether any of the
+        view's policies cannot be used."""
         names = getattr(view, self.policy_attr, None) or ()
         if isinstance(names, str):
             names = [names]
         # The decorator's rule: methods, callable rate, key; the same identity, same state.
-        _rules, checks, broken = checks_for(request, [rule_for_name(name) for name in names])
-        return checks, broken
+        return checks_for(request, [rule_for_name(name) for name in names])
 
     def allow_request(self, request: Request, view: APIView) -> bool:
         self.decisions = []
-        checks, broken = self.get_checks(request, view)
+        rules, checks, broken = self.get_rules(request, view)
         if broken and not settings.FAIL_OPEN:
             raise _unavailable(view)
         if not checks:
             return True
-        decisions = _decide(self, request, view, checks)
+        decisions = _decide(self, request, view, checks, soft=soft_indexes(rules))
         if decisions is None:
             return True  # FAIL_OPEN
         self.decisions = decisions
         held = [d for d in decisions if d.lease is not None]
         if held:
             _release_when_done(view, held)
-        return all(d.allowed for d in decisions)
+        # A policy with "block": False only marks the request (request.limited); it never denies.
+        self.blocking = [d for d, rule in zip(decisions, rules, strict=True) if rule.block]
+        return all(d.allowed for d in self.blocking)
 
     def wait(self) -> float | None:
-        return max((d.retry_after for d in self.decisions if not d.allowed), default=None)
+        waits = [d.retry_after for d in getattr(self, "blocking", ()) if not d.allowed]
+        return _wait(max(waits)) if waits else None
 
 
 def _release_when_done(view: APIView, held: list[Decision]) -> None:

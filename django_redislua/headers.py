@@ -39,21 +39,26 @@ def _sf_string(name: str) -> str:
     return '"' + printable.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def retry_after_seconds(decisions: Sequence[Decision]) -> int:
-    """Whole seconds to wait, rounded up so it is never earlier than the true wait."""
+def retry_after_seconds(decisions: Sequence[Decision]) -> int | None:
+    """Whole seconds to wait, rounded up so it is never earlier than the true wait; 0 when
+    nothing was denied; None when no wait can help (a zero rate, a cost above capacity)."""
     waits = [d.retry_after for d in decisions if not d.allowed]
     if not waits:
         return 0
-    return max(1, math.ceil(max(waits)))
+    longest = max(waits)
+    if math.isinf(longest):
+        return None
+    return max(1, math.ceil(longest))
 
 
 def rate_limit_headers(
-    decisions: Sequence[Decision], mode: str | None = "settings"
+    decisions: Sequence[Decision], mode: str | None = "settings", *, retry_after: bool = True
 ) -> dict[str, str]:
     """The headers for a response decided by ``decisions`` (empty list: no headers).
 
     ``mode`` is ``"ietf"``, ``"legacy"``, ``"both"`` or None; by default ``REDISLUA["HEADERS"]``.
-    ``Retry-After`` is set whenever a decision denied, whatever the mode.
+    With ``retry_after``, ``Retry-After`` is set whenever a decision denied, whatever the mode,
+    unless no wait can help (then it is left out rather than promising a retry that fails).
     """
     if mode == "settings":
         mode = settings.HEADERS
@@ -61,8 +66,9 @@ def rate_limit_headers(
     if not decisions:
         return headers
     denied = [d for d in decisions if not d.allowed]
-    if denied:
-        headers["Retry-After"] = str(retry_after_seconds(decisions))
+    wait = retry_after_seconds(decisions)
+    if denied and retry_after and wait is not None:
+        headers["Retry-After"] = str(wait)
     if mode is None:
         return headers
     if mode in ("ietf", "both"):

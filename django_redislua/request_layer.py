@@ -210,6 +210,11 @@ def checks_for(
     return applied, checks, broken
 
 
+def soft_indexes(rules: Sequence[Rule]) -> frozenset[int]:
+    """Indexes of the rules that do not block (``block=False``): they never gate the others."""
+    return frozenset(i for i, rule in enumerate(rules) if not rule.block)
+
+
 def _record(request: HttpRequest, rules: list[Rule], decisions: Sequence[Decision]) -> Outcome:
     previous = getattr(request, "ratelimit", None)
     request.ratelimit = [*(previous or []), *decisions]  # type: ignore[attr-defined]
@@ -226,7 +231,7 @@ def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any) -> O
     decisions: list[Decision] = []
     if checks:
         try:
-            decisions = evaluate(checks)
+            decisions = evaluate(checks, soft=soft_indexes(applied))
         except CLIENT_ERRORS as exc:
             report_outage(exc)
             if not settings.FAIL_OPEN:
@@ -247,7 +252,7 @@ async def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: An
     decisions: list[Decision] = []
     if checks:
         try:
-            decisions = await aevaluate(checks)
+            decisions = await aevaluate(checks, soft=soft_indexes(applied))
         except CLIENT_ERRORS as exc:
             report_outage(exc)
             if not settings.FAIL_OPEN:
@@ -261,9 +266,15 @@ async def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: An
 
 
 # -- responses -----------------------------------------------------------------------------------
-def add_headers(response: HttpResponseBase, decisions: Sequence[Decision]) -> None:
-    """Rate-limit headers per ``REDISLUA["HEADERS"]``; headers already set are kept."""
-    for name, value in rate_limit_headers(decisions).items():
+def add_headers(
+    response: HttpResponseBase, decisions: Sequence[Decision], *, denied: bool = False
+) -> None:
+    """Rate-limit headers per ``REDISLUA["HEADERS"]``; headers already set are kept.
+
+    ``Retry-After`` only when ``denied`` (the response is the denial): a request that a
+    ``block=False`` rule marked as limited is still served, and a 200 has nothing to retry.
+    """
+    for name, value in rate_limit_headers(decisions, retry_after=denied).items():
         if name not in response:
             response[name] = value
 
@@ -286,7 +297,7 @@ def denied_response(request: HttpRequest, exception: RateLimited) -> HttpRespons
         response = async_to_sync(view)(request, exception)
     else:
         response = view(request, exception)
-    add_headers(response, exception.decisions)
+    add_headers(response, exception.decisions, denied=True)
     return cast(HttpResponseBase, response)
 
 
@@ -296,7 +307,7 @@ async def adenied_response(request: HttpRequest, exception: RateLimited) -> Http
         response = await view(request, exception)
     else:
         response = view(request, exception)
-    add_headers(response, exception.decisions)
+    add_headers(response, exception.decisions, denied=True)
     return cast(HttpResponseBase, response)
 
 

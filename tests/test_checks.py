@@ -54,7 +54,11 @@ def test_e005_unknown_algorithm():
     assert policy(rate="5/m", algorithm="leaky") == ["redislua.E005"]
 
 
-@pytest.mark.parametrize("rate", ["5", "5/fortnight", "0/m", "x/m", "5/0s", 5])
+def test_a_zero_rate_is_valid_and_denies_everything():
+    assert policy(rate="0/m") == [] and policy(rate="0/h", algorithm="gcra") == []
+
+
+@pytest.mark.parametrize("rate", ["5", "5/fortnight", "-1/m", "x/m", "5/0s", 5])
 def test_e006_bad_rate(rate):
     assert policy(rate=rate) == ["redislua.E006"]
 

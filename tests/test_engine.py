@@ -3,6 +3,8 @@ errors, memory per key, and the server clock."""
 
 from __future__ import annotations
 
+import math
+
 import asyncio
 import time
 from unittest import mock
@@ -87,10 +89,59 @@ def test_a_request_denied_by_one_policy_consumes_nothing_elsewhere(r: redis.Redi
     assert sustained.peek("u").remaining == 98
 
 
-def test_the_same_key_twice_in_one_call_is_refused() -> None:
-    policy = make("fixed_window")
-    with pytest.raises(ValueError, match="twice"):
-        evaluate([(policy, "u", 1), (policy, "u", 1)])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_the_same_key_twice_in_one_call_is_decided_once(algorithm: str) -> None:
+    """Two rules reaching one policy and identity (e.g. a policy twice, with keys that coincide
+    for anonymous users) are one check: counted once, the largest cost, never an error."""
+    policy = make(algorithm)
+    first, second = evaluate([(policy, "u", 1), (policy, "u", 1)])
+    assert first == second and first.allowed and first.remaining == policy.limit - 1
+
+
+def test_the_same_key_twice_with_different_limits_takes_the_strictest() -> None:
+    loose, strict = make("fixed_window", "g", "5/m"), make("fixed_window", "g", "2/m")
+    assert loose.redis_key("u") == strict.redis_key("u")  # same group name, same state
+    results = [evaluate([(loose, "u", 1), (strict, "u", 1)]) for _ in range(3)]
+    assert [d[0].allowed for d in results] == [True, True, False]
+    assert results[0][0].limit == 2
+
+
+def test_a_soft_check_never_gates_the_blocking_ones(r: redis.Redis) -> None:
+    hard, soft = make("fixed_window", "hard", "10/h"), make("fixed_window", "soft", "3/h")
+    results = [evaluate([(hard, "u", 1), (soft, "u", 1)], soft={1}) for _ in range(6)]
+    assert [d[0].allowed for d in results] == [True] * 6  # the hard rule is still counted
+    assert [d[1].allowed for d in results] == [True] * 3 + [False] * 3
+    assert hard.peek("u").remaining == 4
+    assert soft.peek("u").remaining == 0
+
+
+def test_a_soft_check_is_consumed_even_when_a_blocking_one_denies() -> None:
+    hard, soft = make("fixed_window", "hard", "1/h"), make("fixed_window", "soft", "5/h")
+    evaluate([(hard, "u", 1), (soft, "u", 1)], soft={1})
+    denied, counted = evaluate([(hard, "u", 1), (soft, "u", 1)], soft={1})
+    assert not denied.allowed and counted.allowed
+    assert soft.peek("u").remaining == 3  # decided and consumed on its own
+
+
+@pytest.mark.parametrize("algorithm", O1_ALGORITHMS + ["sliding_log"])
+def test_a_zero_rate_denies_without_touching_redis(
+    algorithm: str, recorder: CommandRecorder
+) -> None:
+    policy = make(algorithm, rate="0/m")
+    with recorder:
+        decision = policy.hit("k")
+    assert recorder.commands == []
+    assert not decision.allowed and decision.limit == 0 and decision.remaining == 0
+    assert decision.retry_after == math.inf  # no wait can help
+
+
+def test_a_doomed_blocking_check_closes_the_gate_for_the_others() -> None:
+    zero, other = make("fixed_window", "zero", "0/m"), make("fixed_window", "other", "5/m")
+    soft = make("fixed_window", "soft", "5/m")
+    decisions = evaluate([(zero, "u", 1), (other, "u", 1), (soft, "u", 1)], soft={2})
+    assert [d.allowed for d in decisions] == [False, True, True]
+    assert other.peek("u").remaining == 5  # not consumed: the request was denied
+    assert soft.peek("u").remaining == 4
 
 
 # -- asyncio twins -------------------------------------------------------------------------------
@@ -209,10 +260,17 @@ def test_cost_takes_several_units(algorithm: str) -> None:
 
 # -- errors --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cost", [0, -1, 6])
-def test_cost_outside_one_to_limit_is_refused(cost: int) -> None:
+@pytest.mark.parametrize("cost", [0, -1])
+def test_cost_below_one_is_refused(cost: int) -> None:
     with pytest.raises(ValueError, match="cost"):
         evaluate([(make("gcra"), "k", cost)])
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS[:-1])
+def test_a_cost_above_capacity_is_a_denial_no_wait_can_lift(algorithm: str) -> None:
+    decision = evaluate([(make(algorithm), "k", 6)])[0]
+    assert not decision.allowed and decision.retry_after == math.inf
+    assert make(algorithm).hit("k").allowed  # and it took nothing
 
 
 def test_a_concurrency_slot_costs_one() -> None:

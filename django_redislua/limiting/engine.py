@@ -8,9 +8,10 @@ per slot only (give related policies the same identity to keep them in one slot)
 from __future__ import annotations
 
 import contextlib
+import math
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
+from typing import Any, cast
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
@@ -28,6 +29,7 @@ from django_redislua.scripts import get_script
 
 Check = tuple[Policy, str | bytes | int, int]
 US = 1_000_000.0
+NEVER = math.inf  # retry_after of a denial no wait can lift (a zero rate, a cost above capacity)
 SCRIPT = "django_redislua.ratelimit"
 CLUSTER_CLIENTS = (RedisCluster, AsyncRedisCluster)
 
@@ -37,113 +39,141 @@ def _nonce() -> str:
     return os.urandom(8).hex()
 
 
-def _prepare(
-    checks: Sequence[Check], peek: bool, now_us: int | None
-) -> tuple[list[str], list[Any], list[str | None]]:
-    """KEYS, ARGV and lease ids (for concurrency checks) of one script call."""
-    keys: list[str] = []
-    args: list[Any] = ["peek" if peek else "hit", "" if now_us is None else now_us]
-    leases: list[str | None] = []
-    for policy, identity, cost in checks:
-        if policy._rate_callable is not None:
-            raise PolicyError(
-                "redislua.E006",
-                f"policy {policy.name!r} has a callable rate; resolve it with policy.with_rate()",
-            )
-        limit = policy.limit
-        if not 1 <= cost <= limit:
-            raise ValueError(
-                f"policy {policy.name!r}: cost {cost} must be between 1 and the limit {limit}"
-            )
-        code = policy.code
-        lease = None
-        if code == "sl":
-            extra = _nonce()
-        elif code == "cc":
-            if cost != 1:
-                raise ValueError(f"policy {policy.name!r}: a concurrency slot costs 1")
-            extra = lease = _nonce()
-        else:
-            extra = ""
-        leases.append(lease)
-        keys.append(policy.redis_key(identity))
-        args += (code, limit, policy.param, cost, extra)
-    if len(keys) > 1 and len(set(keys)) != len(keys):
-        # The script decides every key on the state before any write: a key twice would be
-        # counted once.
-        raise ValueError("the same policy and identity appear twice in one evaluate()")
-    return keys, args, leases
-
-
-def _decisions(
-    checks: Sequence[Check], reply: Sequence[int], leases: Sequence[str | None], peek: bool
-) -> list[Decision]:
-    if len(checks) == 1:  # the common case, kept lean
-        policy, identity, _cost = checks[0]
-        allowed = reply[0] == 1
-        lease = leases[0] if allowed and not peek else None
-        return [Decision(allowed, policy.limit, reply[1], reply[2] / US, reply[3] / US, policy,
-                         identity, lease)]
-    committed = not peek and all(reply[0::4])
-    return [
-        Decision(
-            reply[4 * i] == 1, policy.limit, reply[4 * i + 1], reply[4 * i + 2] / US,
-            reply[4 * i + 3] / US, policy, identity, leases[i] if committed else None,
+def _validate(policy: Policy, cost: int) -> None:
+    if policy._rate_callable is not None:
+        raise PolicyError(
+            "redislua.E006",
+            f"policy {policy.name!r} has a callable rate; resolve it with policy.with_rate()",
         )
-        for i, (policy, identity, _cost) in enumerate(checks)
-    ]
+    if cost < 1:
+        raise ValueError(f"policy {policy.name!r}: cost {cost} must be at least 1")
+    if policy.code == "cc" and cost != 1:
+        raise ValueError(f"policy {policy.name!r}: a concurrency slot costs 1")
 
 
-def _slot_groups(checks: Sequence[Check]) -> list[list[int]]:
-    """Indexes of checks grouped by cluster slot: each group is one script call on one node."""
-    slots: dict[int, list[int]] = {}
-    for i, (policy, identity, _cost) in enumerate(checks):
-        slots.setdefault(key_slot(policy.redis_key(identity).encode()), []).append(i)
-    return list(slots.values())
+def _doomed(policy: Policy, cost: int) -> bool:
+    """True when no wait can admit it: a zero rate, or a cost above the policy's capacity."""
+    return cost > policy.limit
+
+
+class _Plan:
+    """One decision as data, no I/O: the script calls to make, and the Decisions from their
+    replies. ``evaluate`` and ``aevaluate`` only drive it, so the two cannot drift apart.
+
+    Checks on the same state key (one policy and identity reached by two rules) are merged into
+    one: the strictest policy (least capacity), the largest cost, gating if either gates; each
+    of them gets the merged Decision. Checks that cannot succeed (see :func:`_doomed`) are
+    denied here without a round trip; a doomed gating check closes the gate for the others.
+    """
+
+    def __init__(
+        self, checks: Sequence[Check], peek: bool, now_us: int | None, soft: Collection[int],
+        cluster: bool,
+    ) -> None:
+        self.peek = peek
+        by_key: dict[str, int] = {}
+        self.index: list[int] = []  # check i -> its unique check
+        unique: list[tuple[Policy, str | bytes | int, int, bool, str]] = []
+        for i, (policy, identity, cost) in enumerate(checks):
+            _validate(policy, cost)
+            key = policy.redis_key(identity)
+            gate = i not in soft
+            j = by_key.get(key)
+            if j is None:
+                by_key[key] = len(unique)
+                self.index.append(len(unique))
+                unique.append((policy, identity, cost, gate, key))
+                continue
+            self.index.append(j)
+            other, other_identity, other_cost, other_gate, _ = unique[j]
+            strictest = policy if policy.limit < other.limit else other
+            unique[j] = (strictest, other_identity, max(cost, other_cost), gate or other_gate, key)
+        self.unique = unique
+        doomed = [_doomed(policy, cost) for policy, _i, cost, _g, _k in unique]
+        self.doomed = doomed
+        gate_closed = any(d and u[3] for d, u in zip(doomed, unique, strict=True))
+        mode = "peek" if peek else ("soft" if gate_closed else "hit")
+        live = [j for j in range(len(unique)) if not doomed[j]]
+        if cluster and len(live) > 1:
+            slots: dict[int, list[int]] = {}
+            for j in live:
+                slots.setdefault(key_slot(unique[j][4].encode()), []).append(j)
+            groups = list(slots.values())
+        else:
+            groups = [live] if live else []
+        self.groups = groups
+        self.leases: list[str | None] = [None] * len(unique)
+        self.calls: list[tuple[list[str], list[Any]]] = []
+        for group in groups:
+            keys: list[str] = []
+            args: list[Any] = [mode, "" if now_us is None else now_us]
+            for j in group:
+                policy, _identity, cost, gate, key = unique[j]
+                code = policy.code
+                if code == "sl":
+                    extra: Any = _nonce()
+                elif code == "cc":
+                    extra = self.leases[j] = _nonce()
+                else:
+                    extra = policy.extra
+                keys.append(key)
+                args += (code, policy.limit, policy.param, cost, extra, "1" if gate else "0")
+            self.calls.append((keys, args))
+
+    def decisions(self, replies: Sequence[Sequence[int]]) -> list[Decision]:
+        unique = self.unique
+        out: list[Decision | None] = [None] * len(unique)
+        for j, doomed in enumerate(self.doomed):
+            if doomed:
+                policy, identity = unique[j][0], unique[j][1]
+                out[j] = Decision(False, policy.limit, policy.limit, 0.0, NEVER, policy, identity)
+        for group, reply in zip(self.groups, replies, strict=True):
+            gates_allow = not any(
+                reply[4 * n] != 1 and unique[j][3] for n, j in enumerate(group)
+            ) and not any(d and u[3] for d, u in zip(self.doomed, unique, strict=True))
+            for n, j in enumerate(group):
+                policy, identity, _cost, gate, _key = unique[j]
+                allowed = reply[4 * n] == 1
+                consumed = allowed and not self.peek and (gates_allow or not gate)
+                out[j] = Decision(
+                    allowed, policy.limit, reply[4 * n + 1], reply[4 * n + 2] / US,
+                    reply[4 * n + 3] / US, policy, identity,
+                    self.leases[j] if consumed else None,
+                )
+        return [cast(Decision, out[j]) for j in self.index]
 
 
 def evaluate(
     checks: Sequence[Check], *, peek: bool = False, now_us: int | None = None,
-    client: SyncClient | None = None,
+    client: SyncClient | None = None, soft: Collection[int] = (),
 ) -> list[Decision]:
-    """Decide every ``(policy, identity, cost)`` in one script call. ``now_us`` is for tests."""
+    """Decide every ``(policy, identity, cost)`` in one script call (one per cluster slot).
+
+    ``soft`` holds the indexes of checks that do not gate: their denial does not stop the
+    others from consuming, and they consume whenever they allow. The others are all-or-nothing
+    among themselves. ``now_us`` is for tests.
+    """
     if client is None:
         client = get_client()
+    plan = _Plan(checks, peek, now_us, soft, isinstance(client, CLUSTER_CLIENTS))
     script = get_script(SCRIPT)
-    if len(checks) == 1 or not isinstance(client, CLUSTER_CLIENTS):
-        keys, args, leases = _prepare(checks, peek, now_us)
-        return _decisions(checks, script(keys, args, client=client), leases, peek)
-    out: list[Decision | None] = [None] * len(checks)
-    for group in _slot_groups(checks):
-        part = [checks[i] for i in group]
-        keys, args, leases = _prepare(part, peek, now_us)
-        reply = script(keys, args, client=client)
-        for i, decision in zip(group, _decisions(part, reply, leases, peek), strict=True):
-            out[i] = decision
-    return [d for d in out if d is not None]
+    return plan.decisions([script(keys, args, client=client) for keys, args in plan.calls])
 
 
 async def aevaluate(
     checks: Sequence[Check], *, peek: bool = False, now_us: int | None = None,
-    client: AsyncClient | None = None,
+    client: AsyncClient | None = None, soft: Collection[int] = (),
 ) -> list[Decision]:
     """The asyncio twin of :func:`evaluate`."""
     if client is None:
         if on_throwaway_loop():  # an async view under WSGI: see on_throwaway_loop
-            return evaluate(checks, peek=peek, now_us=now_us)
+            return evaluate(checks, peek=peek, now_us=now_us, soft=soft)
         client = get_async_client()
+    plan = _Plan(checks, peek, now_us, soft, isinstance(client, CLUSTER_CLIENTS))
     script = get_script(SCRIPT)
-    if len(checks) == 1 or not isinstance(client, CLUSTER_CLIENTS):
-        keys, args, leases = _prepare(checks, peek, now_us)
-        return _decisions(checks, await script.acall(keys, args, client=client), leases, peek)
-    out: list[Decision | None] = [None] * len(checks)
-    for group in _slot_groups(checks):
-        part = [checks[i] for i in group]
-        keys, args, leases = _prepare(part, peek, now_us)
-        reply = await script.acall(keys, args, client=client)
-        for i, decision in zip(group, _decisions(part, reply, leases, peek), strict=True):
-            out[i] = decision
-    return [d for d in out if d is not None]
+    return plan.decisions(
+        [await script.acall(keys, args, client=client) for keys, args in plan.calls]
+    )
 
 
 @contextlib.contextmanager

@@ -109,6 +109,7 @@ class Policy:
         self.rate: Rate | None = None
         self.timeout: float | None = None
         self.burst: int | None = None
+        self.extra = ""  # the script's per-policy "extra" argument, where the algorithm has one
         self._rate_callable: Callable[..., str | None] | None = None
 
         if algorithm == "concurrency":
@@ -151,6 +152,9 @@ class Policy:
 
     def _set_rate(self, rate: Rate) -> None:
         self.rate = rate
+        if rate.count == 0:  # denies everything, decided without Redis (see engine._doomed)
+            self.limit, self.param = 0, rate.period_us
+            return
         if self.algorithm in WINDOW_ALGORITHMS:
             self.limit = rate.count
             self.param = rate.period_us

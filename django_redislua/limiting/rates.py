@@ -54,8 +54,7 @@ def parse_rate(value: str) -> Rate:
     multiplier = float(multiplier_text) if multiplier_text else 1.0
     count = int(count_text)
     period_us = round(multiplier * RATE_UNITS[unit] * 1_000_000)
-    if count <= 0:
-        raise RateError(f"{value!r}: the count must be at least 1 (use rate=None for no limit)")
+    # A count of 0 is valid: it denies every request, as in django-ratelimit and DRF.
     if period_us <= 0:
         raise RateError(f"{value!r}: the period must be longer than zero")
     return Rate(count, period_us)
