@@ -39,6 +39,7 @@ from django_redislua.limiting import (
     get_policy,
 )
 from django_redislua.limiting.engine import Check
+from django_redislua.limiting.policy import check_cost
 from django_redislua.signals import rate_limited
 
 logger = logging.getLogger("django_redislua")
@@ -96,11 +97,13 @@ def rule_for_policy(policy: Policy, **overrides: Any) -> Rule:
     methods = overrides.get("methods", policy.methods)
     if methods is not None and not isinstance(methods, frozenset):
         methods = frozenset(m.upper() for m in ([methods] if isinstance(methods, str) else methods))
+    cost = int(overrides.get("cost", policy.cost))
+    check_cost(policy, cost)
     return Rule(
         policy=policy,
         key=key_function(overrides.get("key", policy.key)),
         methods=methods,
-        cost=int(overrides.get("cost", policy.cost)),
+        cost=cost,
         block=bool(overrides.get("block", policy.block)),
     )
 

@@ -242,15 +242,22 @@ MODELS: dict[str, type[Model]] = {
 
 
 def evaluate(
-    checks: Sequence[tuple[Model, str, int, str]], now: int, peek: bool = False
+    checks: Sequence[tuple[Model, str, int, str]], now: int, peek: bool = False,
+    soft: frozenset[int] = frozenset(),
 ) -> tuple[list[Outcome], list[int | None]]:
-    """All-or-nothing over ``(model, key, cost, lease)``: outcomes, and the TTL (us) each
-    committed key needs (None where nothing was written)."""
+    """``(model, key, cost, lease)``: the gating ones (not in ``soft``) all-or-nothing among
+    themselves, each soft one on its own. Outcomes, and the TTL (us) each committed key needs
+    (None where nothing was written)."""
     pending = [model.check(key, now, cost, lease) for model, key, cost, lease in checks]
-    commit = not peek and all(p.allowed for p in pending)
-    ttls: list[int | None] = [p.commit() if commit else None for p in pending]
+    gates = not peek and all(p.allowed for i, p in enumerate(pending) if i not in soft)
+    commits = [
+        not peek and p.allowed and (i in soft or gates) for i, p in enumerate(pending)
+    ]
+    ttls: list[int | None] = [
+        p.commit() if c else None for p, c in zip(pending, commits, strict=True)
+    ]
     outcomes = []
-    for p in pending:
+    for p, commit in zip(pending, commits, strict=True):
         remaining, reset, retry = p.report(commit)
         outcomes.append(Outcome(p.allowed, max(0, remaining), max(0, reset), max(0, retry)))
     return outcomes, ttls

@@ -3,9 +3,8 @@ errors, memory per key, and the server clock."""
 
 from __future__ import annotations
 
-import math
-
 import asyncio
+import math
 import time
 from unittest import mock
 
@@ -123,7 +122,7 @@ def test_a_soft_check_is_consumed_even_when_a_blocking_one_denies() -> None:
     assert soft.peek("u").remaining == 3  # decided and consumed on its own
 
 
-@pytest.mark.parametrize("algorithm", O1_ALGORITHMS + ["sliding_log"])
+@pytest.mark.parametrize("algorithm", [*O1_ALGORITHMS, "sliding_log"])
 def test_a_zero_rate_denies_without_touching_redis(
     algorithm: str, recorder: CommandRecorder
 ) -> None:

@@ -118,6 +118,10 @@ class Policy:
                     "redislua.E010", f"policy {name!r}: a concurrency policy needs `limit`"
                 )
             self.limit = _positive_int(limit, "redislua.E010", f"policy {name!r}: limit")
+            if self.cost != 1:
+                raise PolicyError(
+                    "redislua.E010", f"policy {name!r}: a concurrency slot costs 1, not {cost}"
+                )
             try:
                 self.timeout = parse_duration(
                     DEFAULT_CONCURRENCY_TIMEOUT if timeout is None else timeout
@@ -150,11 +154,18 @@ class Policy:
             self.limit = 0
             self.param = 0
 
-    def _set_rate(self, rate: Rate) -> None:
+    def _set_rate(self, rate: Rate, *, fixed: bool = True) -> None:
+        """``fixed``: the rate is the policy's own (a cost above it is a mistake), not one a
+        rate callable returned for one request (then it is a denial)."""
         self.rate = rate
         if rate.count == 0:  # denies everything, decided without Redis (see engine._doomed)
             self.limit, self.param = 0, rate.period_us
             return
+        self._set_limit(rate)
+        if fixed:
+            check_cost(self, self.cost)
+
+    def _set_limit(self, rate: Rate) -> None:
         if self.algorithm in WINDOW_ALGORITHMS:
             self.limit = rate.count
             self.param = rate.period_us
@@ -231,6 +242,19 @@ class Policy:
         return engine.aslot(self, key)
 
 
+def check_cost(policy: Policy, cost: int) -> None:
+    """A fixed cost above a fixed, non-zero capacity could never be admitted: redislua.E010.
+
+    (A rate callable's rate is known per request only: a cost above it is then a denial that
+    no wait can lift, not an error.)"""
+    if policy.rate is not None and 0 < policy.limit < cost and not policy.is_dynamic:
+        raise PolicyError(
+            "redislua.E010",
+            f"policy {policy.name!r}: cost {cost} is above its capacity {policy.limit}, so no "
+            "request could ever be admitted",
+        )
+
+
 @functools.lru_cache(maxsize=1024)
 def _derived(policy: Policy, rate: str) -> Policy:
     derived = Policy.__new__(Policy)
@@ -238,7 +262,7 @@ def _derived(policy: Policy, rate: str) -> Policy:
     derived._rate_callable = None
     derived.rate_spec = rate
     try:
-        derived._set_rate(parse_rate(rate))
+        derived._set_rate(parse_rate(rate), fixed=False)
     except RateError as exc:
         raise PolicyError("redislua.E006", f"policy {policy.name!r}: {exc}") from None
     return derived
