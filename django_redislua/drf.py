@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
+from django_redislua.keys import UNKNOWN_ADDRESS, masked
 from django_redislua.headers import rate_limit_headers
 from django_redislua.limiting import Decision, Policy, PolicyError, evaluate, parse_rate
 from django_redislua.limiting.engine import Check
@@ -188,6 +189,16 @@ class SimpleRateThrottle(BaseThrottle):
     def get_cache_key(self, request: Request, view: APIView) -> str | None:
         """The identity to throttle by; None = do not throttle this request."""
         raise NotImplementedError(".get_cache_key() must be overridden")
+
+    def get_ident(self, request: Request) -> str:
+        """DRF's client identity (``NUM_PROXIES`` picks the X-Forwarded-For entry), masked by
+        ``IPV4_MASK``/``IPV6_MASK`` like every address this app keys by (one IPv6 client owns a
+        whole /64: without the mask it could rotate through it). A missing address is the
+        shared ``unknown-address`` identity, never an unlimited one."""
+        ident = super().get_ident(request)
+        if not ident:
+            return UNKNOWN_ADDRESS
+        return masked(str(ident)) or str(ident)
 
     def get_rate(self) -> str | None:
         scope = self.scope

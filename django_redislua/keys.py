@@ -43,24 +43,15 @@ def _parse_address(raw: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | 
     return address
 
 
-def client_ip(request: HttpRequest) -> str | None:
-    """The client's address, masked to its network (``IPV4_MASK``/``IPV6_MASK``).
+# The identity of every request whose address cannot be determined (no REMOTE_ADDR, as behind a
+# unix-socket proxy that does not set it, or a malformed one): they share one quota, so a broken
+# or hostile address is limited together with its like, never unlimited.
+UNKNOWN_ADDRESS = "unknown-address"
 
-    With ``TRUSTED_PROXIES = N`` the address is the Nth entry from the right of
-    ``X-Forwarded-For`` (each trusted proxy appends the peer it saw); entries to the left of it
-    are client-supplied and never trusted. With fewer than N entries the request did not come
-    through the proxies, so ``REMOTE_ADDR`` (the real peer) is used. Missing or malformed
-    addresses give None.
-    """
-    proxies = settings.TRUSTED_PROXIES
-    raw = request.META.get("REMOTE_ADDR")
-    if proxies > 0:
-        forwarded = str(request.META.get("HTTP_X_FORWARDED_FOR", ""))[:4096]
-        hops = [h for h in forwarded.split(",") if h.strip()]
-        if len(hops) >= proxies:
-            raw = hops[-proxies]
-    if not isinstance(raw, str):
-        return None
+
+def masked(raw: str) -> str | None:
+    """``raw`` as a key: the address masked to its network (``IPV4_MASK``/``IPV6_MASK``), or
+    None when it is not an address."""
     address = _parse_address(raw)
     if address is None:
         return None
@@ -73,6 +64,55 @@ def client_ip(request: HttpRequest) -> str | None:
     return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
 
 
+def forwarded_address(forwarded: str, proxies: int) -> str | None:
+    """The entry ``proxies`` places from the right of an X-Forwarded-For value, or None when
+    there are fewer entries than that.
+
+    Split from the right and only that far (``rsplit`` with a bound): whatever the client put
+    to the left, however long, is never read, so it cannot push the proxies' entries out.
+    """
+    hops = forwarded.rsplit(",", proxies)
+    if len(hops) < proxies:
+        return None
+    return hops[-proxies]
+
+
+def client_ip(request: HttpRequest) -> str | None:
+    """The client's address, masked to its network (``IPV4_MASK``/``IPV6_MASK``), or None.
+
+    With ``TRUSTED_PROXIES = N`` the address is the Nth entry from the right of
+    ``X-Forwarded-For`` (each trusted proxy appends the peer it saw); entries to the left of it
+    are client-supplied and never trusted. With fewer than N entries the request did not come
+    through the proxies, so ``REMOTE_ADDR`` (the real peer) is used. A missing or malformed
+    address gives None (the ``ip`` key then uses :data:`UNKNOWN_ADDRESS`).
+    """
+    proxies = settings.TRUSTED_PROXIES
+    raw = request.META.get("REMOTE_ADDR")
+    if proxies > 0:
+        forwarded = request.META.get("HTTP_X_FORWARDED_FOR")
+        if isinstance(forwarded, str):
+            hop = forwarded_address(forwarded, proxies)
+            if hop is not None:
+                raw = hop
+    if not isinstance(raw, str):
+        return None
+    return masked(raw)
+
+
+def _ip(request: HttpRequest) -> str:
+    address = client_ip(request)
+    if address is None:
+        _report_unknown(request)
+        return UNKNOWN_ADDRESS
+    return address
+
+
+def _report_unknown(request: HttpRequest) -> None:
+    from django_redislua.request_layer import report_unknown_address
+
+    report_unknown_address(request)
+
+
 def _user(request: HttpRequest) -> str | None:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
@@ -81,7 +121,7 @@ def _user(request: HttpRequest) -> str | None:
 
 
 def _user_or_ip(request: HttpRequest) -> str | None:
-    return _user(request) or client_ip(request)
+    return _user(request) or _ip(request)
 
 
 def _header(name: str) -> KeyFunc:
@@ -103,7 +143,7 @@ def _param(source: str, name: str) -> KeyFunc:
     return key
 
 
-_NAMED: dict[str, KeyFunc] = {"ip": client_ip, "user": _user, "user_or_ip": _user_or_ip}
+_NAMED: dict[str, KeyFunc] = {"ip": _ip, "user": _user, "user_or_ip": _user_or_ip}
 
 
 def key_function(spec: Any) -> KeyFunc:

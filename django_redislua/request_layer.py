@@ -174,6 +174,21 @@ def report_broken(exc: PolicyError) -> None:
     )
 
 
+def report_unknown_address(request: HttpRequest) -> None:
+    """Log (redislua.W003, once a minute) that a request's address could not be determined."""
+    held = _log_gate.due("redislua.W003")
+    if held is None:
+        return
+    logger.warning(
+        "redislua.W003: the client address of a request to %s cannot be determined "
+        "(REMOTE_ADDR=%.64r, X-Forwarded-For %s, TRUSTED_PROXIES=%d); such requests share the "
+        "identity 'unknown-address'. Held back %d repeats.",
+        request.path[:200], request.META.get("REMOTE_ADDR"),
+        "present" if request.META.get("HTTP_X_FORWARDED_FOR") else "absent",
+        settings.TRUSTED_PROXIES, held,
+    )
+
+
 # -- deciding (with the FAIL_OPEN guard) ---------------------------------------------------------
 @dataclass(frozen=True)
 class Outcome:

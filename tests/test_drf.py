@@ -570,3 +570,17 @@ def test_viewsets_through_apiclient() -> None:
     assert first["RateLimit-Policy"] == '"exports";q=1;w=10, "api";q=20;w=12'
     assert second["RateLimit"].startswith('"exports";r=0;')
     assert math.ceil(float(second["Retry-After"])) in range(9, 11)
+
+
+def test_idents_are_masked_like_every_address_key() -> None:
+    """One IPv6 client owns a /64: rotating through it must not buy new quota."""
+    view = view_with(drf.AnonRateThrottle)
+    with rest({"anon": "2/h"}):
+        statuses = [call(view, REMOTE_ADDR=f"2001:db8::{i}").status_code for i in range(1, 4)]
+    assert statuses == [200, 200, 429]
+
+
+def test_a_missing_address_is_limited_under_one_shared_identity() -> None:
+    view = view_with(drf.AnonRateThrottle)
+    with rest({"anon": "2/h"}):
+        assert statuses(view, 3, REMOTE_ADDR="") == [200, 200, 429]

@@ -60,8 +60,66 @@ def test_trusted_proxies_fall_back_to_the_peer() -> None:
     assert client_ip(rf.get("/", REMOTE_ADDR="198.51.100.7")) == "198.51.100.7"
     garbage = rf.get("/", REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="not-an-ip")
     assert client_ip(garbage) is None
-    huge = rf.get("/", REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="1.1.1.1," * 100_000)
+    huge = rf.get("/", REMOTE_ADDR="10.0.0.1",
+                  HTTP_X_FORWARDED_FOR="6.6.6.6," * 100_000 + " 1.1.1.1")
     assert client_ip(huge) == "1.1.1.1"
+
+
+# -- X-Forwarded-For, as an attacker writes it -----------------------------------------------------
+HOSTILE_PREFIX = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=64
+) | st.builds(lambda unit, n: unit * n, st.sampled_from(["6.6.6.6,", ",", "x" * 50, "::1, "]),
+              st.integers(1, 20_000))
+ADDRESSES = st.ip_addresses().map(str)
+
+
+@given(prefix=HOSTILE_PREFIX, proxies=st.integers(1, 3), appended=st.data())
+@hsettings(max_examples=300, deadline=None)
+def test_forwarded_for_fuzz_the_identity_is_the_trusted_entry(
+    prefix: str, proxies: int, appended: st.DataObject
+) -> None:
+    """For any client-controlled prefix (any length, any characters), the identity is the entry
+    TRUSTED_PROXIES places from the right, masked, or the shared unknown identity."""
+    from django_redislua.keys import UNKNOWN_ADDRESS, masked
+
+    # What the trusted proxies append: the peer each saw, the first one being the client.
+    hops = [appended.draw(ADDRESSES | st.sampled_from(["", "garbage", "1.2.3.4:80"]))
+            for _ in range(proxies)]
+    header = ", ".join([prefix, *hops])
+    request = rf.get("/", REMOTE_ADDR="10.9.9.9", HTTP_X_FORWARDED_FOR=header)
+    with with_config(TRUSTED_PROXIES=proxies):
+        expected = masked(hops[0].strip()) or UNKNOWN_ADDRESS
+        assert key_function("ip")(request) == expected
+        assert len(expected) <= 64
+
+
+@with_config(TRUSTED_PROXIES=1)
+def test_forwarded_for_of_4kb_no_longer_chooses_the_identity() -> None:
+    """The bug: the header was cut to its first 4 KB, dropping the proxy's entry at the end."""
+    header = "6.6.6." + "6" * 5000 + ", 7.7.7.7"
+    assert key_function("ip")(rf.get("/", REMOTE_ADDR="10.0.0.1",
+                                     HTTP_X_FORWARDED_FOR=header)) == "7.7.7.7"
+
+
+@pytest.mark.parametrize("remote", ["", "garbage", None])
+def test_an_undeterminable_address_is_limited_under_one_shared_identity(
+    remote: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django_redislua.keys import UNKNOWN_ADDRESS
+
+    request = rf.get("/", REMOTE_ADDR=remote or "")
+    if remote is None:
+        del request.META["REMOTE_ADDR"]
+    with caplog.at_level("WARNING", logger="django_redislua"):
+        assert key_function("ip")(request) == UNKNOWN_ADDRESS
+        assert key_function("ip")(request) == UNKNOWN_ADDRESS
+    assert caplog.text.count("redislua.W003") == 1  # logged once, not per request
+
+
+@pytest.mark.django_db
+def test_unix_socket_deployments_without_remote_addr_are_still_limited(client: Client) -> None:
+    statuses = [client.post("/rl/login/", REMOTE_ADDR="").status_code for _ in range(7)]
+    assert statuses == [200] * 5 + [429] * 2  # the login policy: 5/m, by address
 
 
 def test_without_trusted_proxies_the_header_is_ignored() -> None:
