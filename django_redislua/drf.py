@@ -47,8 +47,8 @@ if TYPE_CHECKING:
 
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
-from django_redislua.keys import UNKNOWN_ADDRESS, masked
 from django_redislua.headers import rate_limit_headers
+from django_redislua.keys import UNKNOWN_ADDRESS, masked
 from django_redislua.limiting import Decision, Policy, PolicyError, evaluate, parse_rate
 from django_redislua.limiting.engine import Check
 from django_redislua.limiting.rates import RateError
