@@ -8,6 +8,8 @@ from django.test import override_settings
 from django_redislua import get_policy
 from django_redislua.scripts import registry
 
+BASE = {"POLICIES": {"login": {"rate": "5/m", "key": "ip"}}}
+
 
 def run(*args):
     out = StringIO()
@@ -75,12 +77,21 @@ def test_status_shows_server_policies_scripts_and_keys(r):
     assert "1 keys under rl:*" in out
 
 
-def test_status_when_redis_is_down():
+@pytest.mark.parametrize(
+    "command",
+    [("redislua_status",), ("redislua_locks",), ("redislua_locks", "--release", "x"),
+     ("redislua_preload",), ("redislua_preload", "--check"), ("redislua_reset", "login", "k")],
+)
+@pytest.mark.parametrize(
+    "connection",
+    ["redis://127.0.0.1:1/0", "redis+cluster://127.0.0.1:1", "redis://127.0.0.1:notaport/0"],
+)
+def test_every_command_with_redis_down_is_a_clean_error(command, connection):
     with (
-        override_settings(REDISLUA={"CONNECTION": "redis://127.0.0.1:1/0"}),
-        pytest.raises(CommandError, match="unreachable"),
+        override_settings(REDISLUA={**BASE, "CONNECTION": connection}),
+        pytest.raises(CommandError, match="Redis unreachable"),
     ):
-        run("redislua_status")
+        run(*command)
 
 
 def test_reset_forgets_one_identity(r):

@@ -168,3 +168,28 @@ def test_async_view_under_wsgi_builds_no_client_per_request(r: redis.Redis) -> N
     assert statuses.count(429) >= 1 and statuses[0] == 200  # still limited: Redis decided
     assert after - before == 0
     assert len(_async_clients) == 0
+
+
+def test_a_failed_client_build_is_not_retried_for_a_second(monkeypatch) -> None:
+    """A dead cluster: discovery fails once, then requests fail fast until the back-off ends."""
+    import time
+
+    from django_redislua import connection
+
+    attempts = []
+    real_build = connection._build_sync
+
+    def counting_build(endpoint):  # type: ignore[no-untyped-def]
+        attempts.append(time.monotonic())
+        return real_build(endpoint)
+
+    monkeypatch.setattr(connection, "_build_sync", counting_build)
+    with override_settings(REDISLUA={"CONNECTION": "redis+cluster://127.0.0.1:1"}):
+        for _ in range(20):
+            with pytest.raises(connection.CLIENT_ERRORS):
+                get_client()
+        assert len(attempts) == 1
+        time.sleep(connection.BUILD_BACKOFF)  # then the next request tries again
+        with pytest.raises(connection.CLIENT_ERRORS):
+            get_client()
+        assert len(attempts) == 2
