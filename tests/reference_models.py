@@ -48,7 +48,7 @@ class FixedWindow(Model):
     def check(self, key: str, now: int, cost: int, lease: str = "") -> Pending:
         limit, period = self.limit, self.param
         start, count = self.state.get(key, (None, 0))
-        if start is None or now >= start + period or now < start:
+        if start is None or now >= start + period:  # a clock gone back stays in the window
             start, count = now, 0
         allowed = count + cost <= limit
         end = start + period
@@ -96,13 +96,15 @@ class SlidingWindow(Model):
         limit, period = self.limit, self.param
         window = now - now % period
         stored, cur, prev = self.state.get(key, (None, 0, 0))
+        if stored is not None and stored > window:  # the clock went back: the newest window
+            window = stored
         if stored == window:
             pass
         elif stored == window - period:
             prev, cur = cur, 0
         else:
             prev, cur = 0, 0
-        elapsed = now - window
+        elapsed = max(0, now - window)
         weighted = prev * (period - elapsed)
         allowed = weighted + (cur + cost) * period <= limit * period
 
@@ -161,18 +163,19 @@ class LeakyBucket(Model):
         capacity, interval = self.limit, self.param
         level, at = self.state.get(key, (0, now))
         if now > at:
-            level = max(0, level - (now - at))
+            level, at = max(0, level - (now - at)), now
+        lag = at - now  # the clock went back: draining resumes at `at`
         size = capacity * interval
         allowed = level + cost * interval <= size
 
         def commit() -> int:
-            self.state[key] = (level + cost * interval, now)
-            return level + cost * interval
+            self.state[key] = (level + cost * interval, at)
+            return level + cost * interval + lag
 
         def report(committed: bool) -> tuple[int, int, int]:
             lvl = level + cost * interval if committed else level
-            retry = 0 if allowed else lvl + cost * interval - size
-            return (size - lvl) // interval, lvl, retry
+            retry = 0 if allowed else lvl + cost * interval - size + lag
+            return (size - lvl) // interval, lvl + lag, retry
 
         return Pending(allowed, commit, report)
 

@@ -358,3 +358,38 @@ def test_two_clients_share_one_quota_on_the_servers_clock(r: redis.Redis) -> Non
         assert 59 < denied.retry_after <= 60
     finally:
         other.close()
+
+
+# -- a clock that goes back ------------------------------------------------------------------------
+T = 1_700_000_000_000_000
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("back_s", [0.000001, 0.5, 30, 59.9, 60, 61, 600])
+def test_a_clock_that_goes_back_never_grants_quota(algorithm: str, back_s: float) -> None:
+    """A failover to a replica whose clock is behind: every algorithm stays exhausted."""
+    policy = make(algorithm, limit=5) if algorithm == "concurrency" else make(algorithm)
+    for _ in range(5):
+        assert evaluate([(policy, "k", 1)], now_us=T)[0].allowed
+    earlier = T - round(back_s * 1_000_000)
+    denied = evaluate([(policy, "k", 1)], now_us=earlier)[0]
+    assert not denied.allowed and denied.retry_after > 0
+    assert not evaluate([(policy, "k", 1)], now_us=earlier, peek=True)[0].allowed
+    # and back at the original time nothing was handed out meanwhile
+    assert not evaluate([(policy, "k", 1)], now_us=T)[0].allowed
+
+
+@pytest.mark.parametrize("algorithm", ["leaky_bucket", "token_bucket", "gcra", "fixed_window",
+                                       "sliding_window", "sliding_log"])
+def test_requests_admitted_in_the_past_are_not_drained_twice(algorithm: str) -> None:
+    """Part of the quota at T, then the clock jumps back 10 s and more is asked there, then at
+    T + 1 s: in real time all of it happened within about a second, so no more than the quota
+    (5; a 5/m rate gives nothing back within a second) may have been admitted in all."""
+    policy = make(algorithm)
+    admitted = sum(evaluate([(policy, "k", 1)], now_us=T)[0].allowed for _ in range(2))
+    back = T - 10_000_000
+    admitted += sum(evaluate([(policy, "k", 1)], now_us=back)[0].allowed for _ in range(5))
+    admitted += sum(
+        evaluate([(policy, "k", 1)], now_us=T + 1_000_000)[0].allowed for _ in range(5)
+    )
+    assert admitted == 5

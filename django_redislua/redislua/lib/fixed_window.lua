@@ -8,7 +8,9 @@ ALGORITHMS['fw'] = function(key, now, limit, period, cost, extra, consume)
     local s, n = string.match(state, '^(%d+):(%d+)$')
     start, count = tonumber(s), tonumber(n)
   end
-  if not start or now >= start + period or now < start then
+  -- A clock that went back (now < start: a failover to a replica behind) stays in the stored
+  -- window, which then lasts longer: it must never open a fresh one.
+  if not start or now >= start + period then
     start, count = now, 0
   end
   local left = start + period - now

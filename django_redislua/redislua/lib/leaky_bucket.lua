@@ -10,15 +10,20 @@ ALGORITHMS['lb'] = function(key, now, capacity, interval, cost, extra, consume)
     local l, t = string.match(state, '^(%d+):(%d+)$')
     level, at = tonumber(l) or 0, tonumber(t) or now
   end
-  if now > at then level = math.max(0, level - (now - at)) end
+  if now > at then
+    level, at = math.max(0, level - (now - at)), now
+  end
+  -- A clock that went back (now < at) drains nothing, and the level stays measured at AT, so the
+  -- time between now and at is never drained twice.
+  local lag = at - now  -- 0 unless the clock went back: the draining resumes only at AT
   local size = capacity * interval
   local poured = level + cost * interval
   if poured > size then
-    return false, idiv(size - level, interval), level, poured - size
+    return false, idiv(size - level, interval), level + lag, poured - size + lag
   end
   if consume then
-    redis.call('SET', key, int(poured) .. ':' .. int(now), 'PX', ttl_ms(poured))
+    redis.call('SET', key, int(poured) .. ':' .. int(at), 'PX', ttl_ms(poured + lag))
     level = poured
   end
-  return true, idiv(size - level, interval), level, 0
+  return true, idiv(size - level, interval), level + lag, 0
 end

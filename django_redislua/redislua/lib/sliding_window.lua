@@ -13,6 +13,10 @@ ALGORITHMS['sw'] = function(key, now, limit, period, cost, extra, consume)
     local w, c, p = string.match(state, '^(%d+):(%d+):(%d+)$')
     stored, cur, prev = tonumber(w), tonumber(c), tonumber(p)
   end
+  if stored and stored > window then
+    -- The clock went back into an older window: stay in the newest one seen, never a fresh one.
+    window = stored
+  end
   if stored == window then
     -- same window: counts as stored
   elseif stored == window - period then
@@ -20,7 +24,7 @@ ALGORITHMS['sw'] = function(key, now, limit, period, cost, extra, consume)
   else
     prev, cur = 0, 0
   end
-  local elapsed = now - window
+  local elapsed = math.max(0, now - window)
   local weighted = prev * (period - elapsed)  -- previous window's share, times PERIOD
   local allowed = weighted + (cur + cost) * period <= limit * period
   local retry = 0
