@@ -393,3 +393,17 @@ def test_requests_admitted_in_the_past_are_not_drained_twice(algorithm: str) -> 
         evaluate([(policy, "k", 1)], now_us=T + 1_000_000)[0].allowed for _ in range(5)
     )
     assert admitted == 5
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS[:-1])
+@pytest.mark.parametrize("cost", [1, 3999, 4000, 10_000, 25_000])
+def test_any_cost_up_to_the_limit(algorithm: str, cost: int, r: redis.Redis) -> None:
+    """sliding_log used to fail (and fail open) from a cost of ~4000: Lua's unpack limit."""
+    policy = make(algorithm, rate="25000/h")
+    decision = policy.hit("k", cost=cost)
+    assert decision.allowed and decision.remaining == 25_000 - cost
+    assert policy.peek("k").remaining == 25_000 - cost
+    if cost < 25_000:
+        assert not policy.hit("k", cost=25_001 - cost).allowed
+    if algorithm == "sliding_log":
+        assert r.zcard(policy.redis_key("k")) == cost

@@ -9,12 +9,19 @@ ALGORITHMS['sl'] = function(key, now, limit, period, cost, extra, consume)
   local allowed = count + cost <= limit
   if allowed and consume then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', horizon)
-    local args = {}
-    for i = 1, cost do  -- bounded: cost <= limit is checked before the script runs
-      args[2 * i - 1] = now
-      args[2 * i] = extra .. ':' .. i
+    -- One entry per unit of cost, added in chunks: unpack() of more than a few thousand values
+    -- exceeds Lua's C stack. Bounded: the caller never sends a cost above the limit.
+    local added = 0
+    while added < cost do
+      local chunk = math.min(cost - added, 1000)
+      local args = {}
+      for i = 1, chunk do
+        args[2 * i - 1] = now
+        args[2 * i] = extra .. ':' .. (added + i)
+      end
+      redis.call('ZADD', key, unpack(args))
+      added = added + chunk
     end
-    redis.call('ZADD', key, unpack(args))
     redis.call('PEXPIRE', key, ttl_ms(period))
     return true, limit - count - cost, period, 0
   end
