@@ -30,7 +30,7 @@ def _window_seconds(decision: Decision) -> int | None:
     if policy.algorithm in WINDOW_ALGORITHMS:
         return max(1, math.ceil(policy.rate.period))
     # Buckets: the time an empty bucket takes to refill to its capacity.
-    return max(1, math.ceil(policy.param * policy.limit / 1_000_000))
+    return max(1, math.ceil(policy.interval_us * policy.limit / 1_000_000))
 
 
 def _sf_string(name: str) -> str:

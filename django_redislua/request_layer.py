@@ -289,8 +289,8 @@ def add_headers(
 ) -> None:
     """Rate-limit headers per ``REDISLUA["HEADERS"]``; headers already set are kept.
 
-    ``Retry-After`` only when ``denied`` (the response is the denial): a request that a
-    ``block=False`` rule marked as limited is still served, and a 200 has nothing to retry.
+    ``Retry-After`` only when ``denied``: the response is a denial (this app's 429, or a 429 a
+    view rendered itself for a ``block=False`` rule). A 200 has nothing to retry.
     """
     for name, value in rate_limit_headers(decisions, retry_after=denied).items():
         if name not in response:
@@ -380,7 +380,7 @@ def finish(response: HttpResponseBase, decisions: Sequence[Decision]) -> HttpRes
     A streaming response is not done when the view returns: its slots are released by
     ``response.close()``, which the WSGI/ASGI handler calls after the last chunk is sent.
     """
-    add_headers(response, decisions)
+    add_headers(response, decisions, denied=response.status_code == 429)
     if any(d.lease is not None for d in decisions):
         if response.streaming:
             _on_close(response, functools.partial(release_all, decisions))
@@ -390,7 +390,7 @@ def finish(response: HttpResponseBase, decisions: Sequence[Decision]) -> HttpRes
 
 
 async def afinish(response: HttpResponseBase, decisions: Sequence[Decision]) -> HttpResponseBase:
-    add_headers(response, decisions)
+    add_headers(response, decisions, denied=response.status_code == 429)
     if any(d.lease is not None for d in decisions):
         if response.streaming:
             _on_close(response, functools.partial(release_all, decisions))

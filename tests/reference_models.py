@@ -35,9 +35,10 @@ class Outcome:
 class Model:
     """State per key; ``check`` never mutates it, ``Pending.commit`` does."""
 
-    def __init__(self, limit: int, param: int) -> None:
+    def __init__(self, limit: int, param: int, q: int = 1) -> None:
         self.limit = limit
         self.param = param
+        self.q = q  # the buckets' interval is param / q microseconds
         self.state: dict[str, Any] = {}
 
     def check(self, key: str, now: int, cost: int, lease: str = "") -> Pending:
@@ -129,73 +130,92 @@ class SlidingWindow(Model):
         return Pending(allowed, commit, report)
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 class TokenBucket(Model):
+    """Interval P / Q us exactly: times in units of 1/Q us (``self.q``)."""
+
     def check(self, key: str, now: int, cost: int, lease: str = "") -> Pending:
-        capacity, interval = self.limit, self.param
-        tokens, last = self.state.get(key, (capacity, now))
-        if now > last:
-            refill = (now - last) // interval
+        capacity, p, q = self.limit, self.param, self.q
+        tokens, a, b = self.state.get(key, (capacity, now, 0))
+        elapsed = (now - a) * q - b
+        if elapsed > 0:
+            refill = elapsed // p
             if tokens + refill >= capacity:
-                tokens, last = capacity, now
+                tokens, a, b = capacity, now, 0
             else:
-                tokens, last = tokens + refill, last + refill * interval
+                nb = b + refill * p
+                tokens, a, b = tokens + refill, a + nb // q, nb % q
         if tokens > capacity:
-            tokens, last = capacity, now
+            tokens, a, b = capacity, now, 0
         allowed = tokens >= cost
 
+        def until(k: int) -> int:
+            scaled = (a - now) * q + b + k * p
+            return 0 if scaled <= 0 else _cdiv(scaled, q)
+
         def full_in(t: int) -> int:
-            return 0 if t >= capacity else max(0, last + (capacity - t) * interval - now)
+            return 0 if t >= capacity else until(capacity - t)
 
         def commit() -> int:
-            self.state[key] = (tokens - cost, last)
+            self.state[key] = (tokens - cost, a, b)
             return full_in(tokens - cost)
 
         def report(committed: bool) -> tuple[int, int, int]:
             left = tokens - cost if committed else tokens
-            retry = 0 if allowed else max(0, last + (cost - tokens) * interval - now)
+            retry = 0 if allowed else until(cost - tokens)
             return left, full_in(left), retry
 
         return Pending(allowed, commit, report)
 
 
 class LeakyBucket(Model):
+    """Water in units of 1/Q us; each request pours P of them."""
+
     def check(self, key: str, now: int, cost: int, lease: str = "") -> Pending:
-        capacity, interval = self.limit, self.param
+        capacity, p, q = self.limit, self.param, self.q
         level, at = self.state.get(key, (0, now))
         if now > at:
-            level, at = max(0, level - (now - at)), now
+            level, at = max(0, level - (now - at) * q), now
         lag = at - now  # the clock went back: draining resumes at `at`
-        size = capacity * interval
-        allowed = level + cost * interval <= size
+        size = capacity * p
+        allowed = level + cost * p <= size
 
         def commit() -> int:
-            self.state[key] = (level + cost * interval, at)
-            return level + cost * interval + lag
+            self.state[key] = (level + cost * p, at)
+            return _cdiv(level + cost * p, q) + lag
 
         def report(committed: bool) -> tuple[int, int, int]:
-            lvl = level + cost * interval if committed else level
-            retry = 0 if allowed else lvl + cost * interval - size + lag
-            return (size - lvl) // interval, lvl + lag, retry
+            lvl = level + cost * p if committed else level
+            retry = 0 if allowed else _cdiv(lvl + cost * p - size, q) + lag
+            return (size - lvl) // p, _cdiv(lvl, q) + lag, retry
 
         return Pending(allowed, commit, report)
 
 
 class Gcra(Model):
+    """TAT = a + b / Q us; compared in units of 1/Q us."""
+
     def check(self, key: str, now: int, cost: int, lease: str = "") -> Pending:
-        burst, interval = self.limit, self.param
-        tat = max(self.state.get(key, now), now)
-        new_tat = tat + cost * interval
-        tolerance = burst * interval
-        allowed = new_tat - now <= tolerance
+        burst, p, q = self.limit, self.param, self.q
+        a, b = self.state.get(key, (now, 0))
+        if a < now:
+            a, b = now, 0
+        lead = (a - now) * q + b
+        step, tolerance = cost * p, burst * p
+        allowed = lead + step <= tolerance
 
         def commit() -> int:
-            self.state[key] = new_tat
-            return new_tat - now
+            nb = b + step
+            self.state[key] = (a + nb // q, nb % q)
+            return _cdiv(lead + step, q)
 
         def report(committed: bool) -> tuple[int, int, int]:
-            t = new_tat if committed else tat
-            retry = 0 if allowed else new_tat - tolerance - now
-            return (tolerance - (t - now)) // interval, t - now, retry
+            t = lead + step if committed else lead
+            retry = 0 if allowed else _cdiv(lead + step - tolerance, q)
+            return (tolerance - t) // p, _cdiv(t, q), retry
 
         return Pending(allowed, commit, report)
 

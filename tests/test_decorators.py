@@ -296,3 +296,13 @@ async def test_async_concurrency_released() -> None:
 def test_settings_override_reaches_the_client(client: Client) -> None:
     # Port 1 is closed: FAIL_OPEN (default True) lets the request through.
     assert client.get("/rl/inline/").status_code == 200
+
+
+def test_retry_after_only_on_denials(client) -> None:  # type: ignore[no-untyped-def]
+    """A block=False rule over its limit marks the request; the 200 it still gets has nothing
+    to retry, so no Retry-After (the headers still say r=0)."""
+    for _ in range(3):
+        response = client.get("/rl/not-blocking/")
+    assert response.status_code == 200 and response.wsgi_request.limited
+    assert not response.has_header("Retry-After")
+    assert ";r=0;" in response["RateLimit"]

@@ -407,3 +407,29 @@ def test_any_cost_up_to_the_limit(algorithm: str, cost: int, r: redis.Redis) -> 
         assert not policy.hit("k", cost=25_001 - cost).allowed
     if algorithm == "sliding_log":
         assert r.zcard(policy.redis_key("k")) == cost
+
+
+# -- rates far above one per microsecond --------------------------------------------------------
+@pytest.mark.parametrize("algorithm", ["token_bucket", "leaky_bucket", "gcra"])
+@pytest.mark.parametrize("per_second", [100_000, 1_000_000, 2_000_000, 3_333_333, 10_000_000])
+def test_bucket_rates_are_exact_up_to_ten_million_a_second(algorithm: str, per_second: int) -> None:
+    """The interval between requests used to be whole microseconds, rounded up: 2*10^6/s
+    delivered 10^6/s. Now it is exact: what a second gives back is the rate, within 0.1%."""
+    policy = Policy("fast", rate=f"{per_second}/s", algorithm=algorithm)
+    assert evaluate([(policy, "k", per_second)], now_us=T)[0].allowed  # empty the bucket
+    half = per_second // 2
+    wait = evaluate([(policy, "k", half)], now_us=T, peek=True)[0].retry_after
+    assert wait == pytest.approx(half / per_second, rel=0.001)
+    later = T + math.ceil(wait * 1_000_000)
+    assert evaluate([(policy, "k", half)], now_us=later, peek=True)[0].allowed
+    assert not evaluate([(policy, "k", half)], now_us=later - 2, peek=True)[0].allowed
+    # one whole second delivers the whole rate, and not one request more
+    assert evaluate([(policy, "k", per_second)], now_us=T + 1_000_000, peek=True)[0].allowed
+    over = evaluate([(policy, "k", per_second)], now_us=T + 999_999, peek=True)[0]
+    assert not over.allowed
+
+
+def test_a_burst_the_bucket_cannot_count_exactly_is_a_check() -> None:
+    with pytest.raises(PolicyError) as info:
+        Policy("huge", rate="999999999/7d", burst=999_999_999, algorithm="gcra")
+    assert info.value.check_id == "redislua.E007"

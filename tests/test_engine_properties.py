@@ -89,7 +89,7 @@ def snapshot(client: redis.Redis, keys: Sequence[str]) -> list[tuple[Any, int]]:
 
 
 def model_for(policy: Policy) -> ref.Model:
-    return ref.MODELS[policy.algorithm](policy.limit, policy.param)
+    return ref.MODELS[policy.algorithm](policy.limit, policy.param, int(policy.extra or 1))
 
 
 def assert_agree(decision: Decision, outcome: ref.Outcome, policy: Policy) -> None:

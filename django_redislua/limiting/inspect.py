@@ -182,7 +182,7 @@ def scan_keys(
 
 
 def _peek_args(policy: Policy) -> list[Any]:
-    return ["peek", "", policy.code, policy.limit, policy.param, 1, ""]
+    return ["peek", "", policy.code, policy.limit, policy.param, 1, policy.extra, "1"]
 
 
 def _first_pass(client: redis.Redis, keys: Sequence[str], script: Script,

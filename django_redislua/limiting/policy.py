@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,9 @@ POLICY_OPTIONS = frozenset(
 )
 
 RateSpec = str | Callable[..., str | None] | None
+# Integers above 2^53 are not exact in a Lua number (a double): the scripts' bucket arithmetic
+# (capacity times the interval numerator) must stay well below it.
+MAX_EXACT = 2**53
 
 
 class PolicyError(ValueError):
@@ -171,12 +175,30 @@ class Policy:
             self.param = rate.period_us
         else:
             self.limit = self.burst if self.burst is not None else rate.count
-            # Whole microseconds between requests, rounded up so the rate is never exceeded.
-            self.param = -(-rate.period_us // rate.count)
+            # The interval between requests is exactly P / Q microseconds (the period over the
+            # count, reduced): the scripts count in 1/Q us, so 10^7/s is 1/10 us, not 1 us.
+            shared = math.gcd(rate.period_us, rate.count)
+            self.param, q = rate.period_us // shared, rate.count // shared
+            self.extra = str(q)
+            if self.limit * self.param > MAX_EXACT // 4:
+                raise PolicyError(
+                    "redislua.E007",
+                    f"policy {self.name!r}: a burst of {self.limit} at {rate} is beyond what the "
+                    "bucket can count exactly; use a smaller burst or a rate that divides its "
+                    "period evenly",
+                )
 
     def __repr__(self) -> str:
         what = self.rate or self.rate_spec if self.algorithm != "concurrency" else self.limit
         return f"<Policy {self.name} {self.algorithm} {what}>"
+
+    @property
+    def interval_us(self) -> float:
+        """Microseconds between two requests at the policy's rate (buckets); the period for the
+        window algorithms, the lease timeout for concurrency."""
+        if self.code in ("tb", "lb", "gc") and self.extra:
+            return self.param / int(self.extra)
+        return float(self.param)
 
     @property
     def is_dynamic(self) -> bool:

@@ -1,18 +1,30 @@
 -- gcra ("gc"): the generic cell rate algorithm; one value per key, the theoretical arrival time
--- (TAT). A request of COST is admitted if TAT + cost * INTERVAL - now <= LIMIT * INTERVAL.
--- Key: a string holding the TAT (us); expires when the TAT passes (the state is full again).
--- Params: limit = burst (requests admitted back to back from rest), param = interval (us), cost.
-ALGORITHMS['gc'] = function(key, now, burst, interval, cost, extra, consume)
-  local tat = tonumber(redis.call('GET', key)) or now
-  if tat < now then tat = now end
-  local new_tat = tat + cost * interval
-  local tolerance = burst * interval
-  if new_tat - now > tolerance then
-    return false, idiv(tolerance - (tat - now), interval), tat - now, new_tat - tolerance - now
+-- (TAT). The emission interval is P / Q microseconds exactly (the rate's period over its count,
+-- reduced), so a rate of 10^7/s is P = 1, Q = 10, with no rounding to whole microseconds.
+-- A request of COST is admitted if TAT + cost * interval - now <= burst * interval.
+-- Key: a string "<a>:<b>", the TAT being a + b / Q microseconds (0 <= b < Q); expires when the
+-- TAT passes (the state is full again). Arithmetic is done in units of 1/Q us, in integers.
+-- Params: limit = burst (requests admitted back to back from rest), param = P, cost, extra = Q.
+ALGORITHMS['gc'] = function(key, now, burst, p, cost, extra, consume)
+  local q = tonumber(extra)
+  local a, b = now, 0
+  local state = redis.call('GET', key)
+  if state then
+    local sa, sb = string.match(state, '^(%d+):?(%d*)$')
+    a, b = tonumber(sa) or now, tonumber(sb) or 0
+  end
+  if a < now then a, b = now, 0 end  -- a TAT in the past: the bucket is full
+  local lead = (a - now) * q + b      -- TAT - now, in 1/Q us
+  local step = cost * p
+  local tolerance = burst * p
+  if lead + step > tolerance then
+    return false, idiv(tolerance - lead, p), cdiv(lead, q), cdiv(lead + step - tolerance, q)
   end
   if consume then
-    redis.call('SET', key, new_tat, 'PX', ttl_ms(new_tat - now))
-    tat = new_tat
+    local nb = b + step
+    a, b = a + idiv(nb, q), nb - idiv(nb, q) * q
+    lead = lead + step
+    redis.call('SET', key, int(a) .. ':' .. int(b), 'PX', ttl_ms(cdiv(lead, q)))
   end
-  return true, idiv(tolerance - (tat - now), interval), tat - now, 0
+  return true, idiv(tolerance - lead, p), cdiv(lead, q), 0
 end

@@ -1,9 +1,11 @@
--- leaky_bucket ("lb"): the meter form. Each request pours INTERVAL of water into a bucket of
--- LIMIT * INTERVAL that drains continuously, one microsecond of water per microsecond.
--- A request is admitted while its water fits. Denied requests pour nothing.
--- Key: a string "<water level us>:<time the level was measured us>"; expires when empty.
--- Params: limit = capacity in requests (burst), param = drain interval per request (us), cost.
-ALGORITHMS['lb'] = function(key, now, capacity, interval, cost, extra, consume)
+-- leaky_bucket ("lb"): the meter form. Each request pours one interval (P / Q us exactly) of
+-- water into a bucket of LIMIT intervals that drains continuously, one microsecond of water per
+-- microsecond. A request is admitted while its water fits. Denied requests pour nothing.
+-- Water is counted in units of 1/Q us, in integers.
+-- Key: a string "<water level, 1/Q us>:<time the level was measured us>"; expires when empty.
+-- Params: limit = capacity in requests (burst), param = P, cost, extra = Q.
+ALGORITHMS['lb'] = function(key, now, capacity, p, cost, extra, consume)
+  local q = tonumber(extra)
   local level, at = 0, now
   local state = redis.call('GET', key)
   if state then
@@ -11,19 +13,19 @@ ALGORITHMS['lb'] = function(key, now, capacity, interval, cost, extra, consume)
     level, at = tonumber(l) or 0, tonumber(t) or now
   end
   if now > at then
-    level, at = math.max(0, level - (now - at)), now
+    level, at = math.max(0, level - (now - at) * q), now
   end
   -- A clock that went back (now < at) drains nothing, and the level stays measured at AT, so the
   -- time between now and at is never drained twice.
   local lag = at - now  -- 0 unless the clock went back: the draining resumes only at AT
-  local size = capacity * interval
-  local poured = level + cost * interval
+  local size = capacity * p
+  local poured = level + cost * p
   if poured > size then
-    return false, idiv(size - level, interval), level + lag, poured - size + lag
+    return false, idiv(size - level, p), cdiv(level, q) + lag, cdiv(poured - size, q) + lag
   end
   if consume then
-    redis.call('SET', key, int(poured) .. ':' .. int(at), 'PX', ttl_ms(poured + lag))
+    redis.call('SET', key, int(poured) .. ':' .. int(at), 'PX', ttl_ms(cdiv(poured, q) + lag))
     level = poured
   end
-  return true, idiv(size - level, interval), level + lag, 0
+  return true, idiv(size - level, p), cdiv(level, q) + lag, 0
 end
