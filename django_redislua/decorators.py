@@ -93,7 +93,7 @@ class Spec:
             policy = get_policy(self.policy_name)
             overrides = self.options
         else:
-            name = self.group or f"{view_name}:{self.digest}"
+            name = self.group or inline_policy_name(view_name, self.digest)
             policy = self._inline.get(name)  # type: ignore[assignment]
             if policy is None:
                 with self._lock:
@@ -141,11 +141,23 @@ def specs_of(fn: object) -> list[Spec]:
     return list(found.values())
 
 
+def inline_policy_name(view_name: str, digest: str) -> str:
+    """The name of an inline policy (no ``group=``): short and stable, and public, since it
+    appears in the RateLimit headers. The view's qualified name without its module (a module
+    path tells clients how the code is laid out), plus a digest of the full view name and the
+    options, so views of the same name in two modules, or two stacked inline rules, differ:
+    ``"LoginView.post-3fa9c2b1"``."""
+    qualname = view_name.partition(":")[2].rpartition("<locals>.")[2]
+    qualname = ".".join(qualname.split(".")[-2:])[-40:] or "view"
+    digest = hashlib.sha256(f"{view_name}|{digest}".encode()).hexdigest()[:8]
+    return f"{qualname}-{digest}"
+
+
 def _view_name(fn: Any) -> str:
     target = getattr(fn, "func", fn)  # functools.partial (method_decorator) -> the method
     module = getattr(fn, "__module__", None) or getattr(target, "__module__", "")
     qualname = getattr(fn, "__qualname__", None) or getattr(target, "__qualname__", repr(fn))
-    return f"{module}.{qualname}"
+    return f"{module}:{qualname}"
 
 
 def _pending(request: HttpRequest, specs: Sequence[Spec], view_name: str) -> list[RuleOrError]:
@@ -227,7 +239,7 @@ def _decorate_class(cls: type[View], spec: Spec) -> type[View]:
         specs, view = (spec, *inner.specs), inner.view
     else:
         specs, view = (spec,), original
-    name = f"{cls.__module__}.{cls.__qualname__}"
+    name = f"{cls.__module__}:{cls.__qualname__}"
     dispatch: Callable[..., Any]
 
     if cls.view_is_async:

@@ -148,16 +148,21 @@ class _Throttled:
 _log_gate = _Throttled()
 
 
-def report_outage(exc: BaseException) -> None:
-    """Log that Redis failed, at most once per OUTAGE_LOG_INTERVAL per process."""
+def report_outage(exc: BaseException, *, fail_open: bool | None = None,
+                  denied_as: str = "answered 503") -> None:
+    """Log that Redis failed, at most once per OUTAGE_LOG_INTERVAL per process.
+
+    ``fail_open`` and ``denied_as`` say what the caller does about it (compat follows
+    ``RATELIMIT_FAIL_OPEN`` and limits the request instead of answering 503).
+    """
     held = _log_gate.due("outage")
     if held is None:
         return
+    opened = settings.FAIL_OPEN if fail_open is None else fail_open
     logger.warning(
         "Redis is unreachable for rate limiting (%s: %s); FAIL_OPEN=%s so requests are %s. "
         "%d similar failures were not logged since the last warning.",
-        type(exc).__name__, exc, settings.FAIL_OPEN,
-        "allowed" if settings.FAIL_OPEN else "answered 503", held,
+        type(exc).__name__, exc, opened, "allowed" if opened else denied_as, held,
     )
 
 

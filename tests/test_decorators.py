@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.test import AsyncClient, Client, override_settings
@@ -132,7 +134,7 @@ def test_denied_view(client: Client, settings) -> None:  # type: ignore[no-untyp
     response = client.get("/rl/inline/")
     assert response.status_code == 429
     assert response.json()["detail"] == "slow down"
-    assert response.json()["policies"][0].startswith("tests.testapp.ratelimit_views.inline:")
+    assert re.fullmatch(r"inline-[0-9a-f]{8}", response.json()["policies"][0])
     assert int(response["Retry-After"]) >= 1  # added even though the view did not set it
 
 
@@ -306,3 +308,14 @@ def test_retry_after_only_on_denials(client) -> None:  # type: ignore[no-untyped
     assert response.status_code == 200 and response.wsgi_request.limited
     assert not response.has_header("Retry-After")
     assert ";r=0;" in response["RateLimit"]
+
+
+def test_public_policy_names_never_leak_module_paths(client: Client) -> None:
+    """The names in RateLimit headers: group= or a short name, never "shop.views.V.get:..."."""
+    for path in ("/rl/inline/", "/rl/cbv/method/", "/rl/cbv/class/", "/rl/stacked/"):
+        header = client.post(path)["RateLimit-Policy"]
+        assert "tests." not in header and "testapp" not in header and ":" not in header
+        for item in header.split(", "):
+            assert len(item.split(";")[0]) <= 52
+    assert re.match(r'"MethodDecorated.post-[0-9a-f]{8}"', client.post("/rl/cbv/method/")[
+        "RateLimit-Policy"])

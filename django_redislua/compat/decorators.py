@@ -22,6 +22,7 @@ def _raise(usage: Usage) -> None:
     if configured is None:
         decision = usage.get("decision")
         raise Ratelimited([decision] if decision is not None else [])
+    # As django-ratelimit: the class (or its dotted path), built without arguments.
     cls = import_string(configured) if isinstance(configured, str) else configured
     raise cls()
 

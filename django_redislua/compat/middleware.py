@@ -40,5 +40,5 @@ class RatelimitMiddleware:
         if view_path is None:
             return denied_response(request, exception)
         response: HttpResponseBase = import_string(view_path)(request, exception)
-        add_headers(response, exception.decisions)
+        add_headers(response, exception.decisions, denied=True)
         return response
