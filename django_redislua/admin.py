@@ -20,6 +20,7 @@ from django.utils.http import urlencode
 
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
+from django_redislua.discovery import PolicyInUse, policies_in_use
 from django_redislua.limiting import inspect
 from django_redislua.limiting.registry import get_policy
 from django_redislua.locks import inspect as locks_inspect
@@ -87,21 +88,27 @@ def _key_row(state: inspect.KeyState) -> dict[str, Any]:
     }
 
 
-def _policy_rows() -> list[dict[str, Any]]:
+def _policy_rows(in_use: dict[str, PolicyInUse]) -> list[dict[str, Any]]:
+    """Every policy in use (settings, inline on routed views, DRF scopes); broken settings too."""
     rows: list[dict[str, Any]] = []
-    for name, options in sorted(settings.POLICIES.items()):
-        try:
-            policy = get_policy(name)
-        except (KeyError, ValueError) as exc:
-            rows.append({"name": name, "error": str(exc)})
+    names = sorted({*in_use, *settings.POLICIES})
+    for name in names:
+        entry = in_use.get(name)
+        if entry is None:
+            try:
+                get_policy(name)
+            except (KeyError, ValueError) as exc:
+                rows.append({"name": name, "error": str(exc)})
             continue
+        policy = entry.policy
         rows.append({
             "name": name,
+            "source": entry.source,
             "algorithm": policy.algorithm,
             "rate": policy.rate_spec if policy.algorithm != "concurrency" else None,
             "limit": policy.limit if not policy.is_dynamic else "per request",
             "timeout": None if policy.timeout is None else duration(policy.timeout),
-            "key": options.get("key", "") if isinstance(options, dict) else "",
+            "key": policy.key if isinstance(policy.key, str) else "",
         })
     return rows
 
@@ -161,8 +168,10 @@ class RedisLuaAdmin(ModelAdmin):
         cursor = request.GET.get("cursor", "")
         page: inspect.KeyPage | None = None
         nodes: list[inspect.NodeStatus] = []
+        in_use = policies_in_use()
+        known = {name: entry.policy for name, entry in in_use.items()}
         try:
-            page = inspect.scan_keys(cursor, search=search, policy=policy)
+            page = inspect.scan_keys(cursor, search=search, policy=policy, known=known)
             nodes = inspect.server_status()
         except ValueError as exc:
             return HttpResponseBadRequest(str(exc))
@@ -173,7 +182,7 @@ class RedisLuaAdmin(ModelAdmin):
             page=page,
             rows=[_key_row(s) for s in page.keys] if page else [],
             nodes=nodes,
-            policies=_policy_rows(),
+            policies=_policy_rows(in_use),
             search=search,
             policy=policy or "",
             cursor=cursor,
@@ -254,7 +263,8 @@ class RedisLuaAdmin(ModelAdmin):
         if request.method != "POST":
             state = None
             try:
-                page = inspect.scan_keys(search=key)
+                known = {name: e.policy for name, e in policies_in_use().items()}
+                page = inspect.scan_keys(search=key, known=known)
                 state = page.keys[0] if page.keys else None
             except CLIENT_ERRORS as exc:
                 messages.error(request, f"Redis did not answer: {exc}")

@@ -7,7 +7,6 @@ They cover ``settings.REDISLUA``, the connection (URL or cache alias with its LO
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -19,6 +18,7 @@ from django_redislua.limiting.policy import POLICY_OPTIONS, PolicyError
 from django_redislua.limiting.registry import build_policy
 from django_redislua.links import check_url
 from django_redislua.request_layer import rule_for_name
+from django_redislua.urlconf import url_views, view_targets
 
 
 def _error(check_id: str, msg: str, hint: str | None = None) -> Error:
@@ -208,44 +208,14 @@ def _drf_rates() -> list[CheckMessage]:
     return messages
 
 
-def _url_views() -> Iterator[tuple[str, Any]]:
-    """``(route, callback)`` of every view the root URLconf reaches (includes followed)."""
-    from django.urls import URLPattern, URLResolver, get_resolver
-
-    def walk(patterns: Any, prefix: str) -> Iterator[tuple[str, Any]]:
-        for entry in patterns:
-            if isinstance(entry, URLResolver):
-                yield from walk(entry.url_patterns, prefix + str(entry.pattern))
-            elif isinstance(entry, URLPattern):
-                yield prefix + str(entry.pattern), entry.callback
-
-    try:
-        patterns = get_resolver().url_patterns
-    except Exception:  # Django's own URL checks report a URLconf that fails to import
-        return
-    yield from walk(patterns, "")
-
-
-def _view_targets(callback: Any) -> Iterator[Any]:
-    """The callables a view's ``@ratelimit`` can sit on: the function, or a class-based view's
-    ``dispatch`` and handler methods."""
-    yield callback
-    view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
-    if isinstance(view_class, type):
-        for name in ("dispatch", *getattr(view_class, "http_method_names", ())):
-            method = getattr(view_class, name, None)
-            if method is not None:
-                yield method
-
-
 def _decorated_views() -> list[CheckMessage]:
     """Every ``@ratelimit`` on a routed view: its policy exists, its inline options are valid."""
     from django_redislua.decorators import specs_of
 
     messages: list[CheckMessage] = []
     seen: set[int] = set()
-    for route, callback in _url_views():
-        for target in _view_targets(callback):
+    for route, callback in url_views():
+        for target in view_targets(callback):
             for spec in specs_of(target):
                 if id(spec) in seen:
                     continue
@@ -275,7 +245,7 @@ def _drf_throttles() -> list[CheckMessage]:
             in_use[(default, "REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES']")] = None
     except ImportError:
         pass  # DRF's own check names the class that does not import
-    for route, callback in _url_views():
+    for route, callback in url_views():
         view_class = getattr(callback, "cls", None)
         for throttle in getattr(view_class, "throttle_classes", None) or ():
             in_use[(throttle, route or "/")] = view_class

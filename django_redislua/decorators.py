@@ -129,14 +129,22 @@ def specs_of(fn: object) -> list[Spec]:
     A stack copied onto another wrapper by ``functools.wraps`` counts too: ``method_decorator``
     applies the decorator anew on every call, and only such a copy says it will.
     """
-    found: dict[int, Spec] = {}
+    return [spec for spec, _view_name in named_specs_of(fn)]
+
+
+def named_specs_of(fn: object) -> list[tuple[Spec, str]]:
+    """:func:`specs_of`, each with the name of the view it limits (inline policies' names)."""
+    found: dict[int, tuple[Spec, str]] = {}
     seen: set[int] = set()
     current: object = fn
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         stack = getattr(current, _STACK_ATTR, None)
         if isinstance(stack, Stack):
-            found.update((id(spec), spec) for spec in stack.specs)
+            # A copied stack (method_decorator copies it from a dummy function) carries the
+            # dummy's name; the wrapper carrying it has the view's, as at request time.
+            name = stack.view_name if stack.owner is current else _view_name(current)
+            found.update((id(spec), (spec, name)) for spec in stack.specs)
         current = getattr(current, "__wrapped__", None) or getattr(current, "func", None)
     return list(found.values())
 

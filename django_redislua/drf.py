@@ -143,7 +143,8 @@ def _broken(view: APIView | None, error: PolicyError) -> bool:
 
 
 @functools.lru_cache(maxsize=512)
-def _sliding_log(name: str, rate: str) -> Policy:
+def scope_policy(name: str, rate: str) -> Policy:
+    """The sliding_log policy a scope's throttle decides by (its name keys the Redis state)."""
     return Policy(name, rate=rate, algorithm="sliding_log")
 
 
@@ -240,7 +241,7 @@ class SimpleRateThrottle(BaseThrottle):
     def get_policy(self) -> Policy:
         """The sliding_log policy for this scope and rate (its name keys the Redis state)."""
         assert self.rate is not None
-        return _sliding_log(self.scope or type(self).__name__, self.rate)
+        return scope_policy(self.scope or type(self).__name__, self.rate)
 
     def allow_request(self, request: Request, view: APIView) -> bool:
         self.decision = None

@@ -267,7 +267,30 @@ def test_policy_filter_and_a_policy_no_longer_configured(
     response = client.get(KEYS_URL)
     retired = next(row for row in response.context["rows"] if row["state"].policy_name == "retired")
     assert retired["state"].remaining is None and retired["state"].ttl is None
-    assert "not configured" in response.content.decode()
+    assert "not in use" in response.content.decode()
+
+
+def test_inline_and_drf_policies_are_known_with_quota_and_reset(
+    login_as: Callable[..., Client], client: Client
+) -> None:
+    """Keys of inline @ratelimit policies and of DRF scopes used to read "not configured",
+    with no quota and no reset time."""
+    from django_redislua import drf
+    from django_redislua.discovery import policies_in_use
+
+    client.get("/inline/")
+    drf.scope_policy("anon", "1000/m").hit("throttle_anon_1.2.3.4")
+    in_use = policies_in_use()
+    inline = next(name for name, e in in_use.items() if e.source == "view inline/")
+    assert in_use["anon"].source == "DRF scope" and in_use["login"].source == "settings"
+    response = login_as("view_redislua").get(KEYS_URL)
+    by_policy = {row["state"].policy_name: row["state"] for row in response.context["rows"]}
+    for name in (inline, "anon"):
+        state = by_policy[name]
+        assert state.limit is not None and state.remaining is not None
+        assert state.reset_after is not None and state.reset_after > 0
+    page = response.content.decode()
+    assert "view inline/" in page and "DRF scope" in page
 
 
 def test_a_bad_cursor_is_a_400(login_as: Callable[..., Client]) -> None:

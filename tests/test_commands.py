@@ -105,8 +105,27 @@ def test_reset_forgets_one_identity(r):
 
 
 def test_reset_unknown_policy():
-    with pytest.raises(CommandError, match="no REDISLUA policy named 'nope'"):
+    with pytest.raises(CommandError, match="no policy named 'nope' is in use"):
         run("redislua_reset", "nope", "x")
+
+
+def test_reset_says_when_there_was_nothing_to_reset(r):
+    assert "nothing to reset" in run("redislua_reset", "login", "never-seen")
+
+
+@pytest.mark.django_db
+def test_reset_knows_inline_and_drf_policies(r, client):
+    from django_redislua import drf
+    from django_redislua.discovery import policies_in_use
+
+    for _ in range(3):
+        client.get("/rl/inline/")
+    assert client.get("/rl/inline/").status_code == 429
+    inline = next(n for n, e in policies_in_use().items() if e.source == "view rl/inline/")
+    assert "reset " in run("redislua_reset", inline, "127.0.0.1")
+    assert client.get("/rl/inline/").status_code == 200
+    drf.scope_policy("user", "1000/m").hit("throttle_user_7")
+    assert "reset " in run("redislua_reset", "user", "throttle_user_7")
 
 
 @pytest.mark.cluster

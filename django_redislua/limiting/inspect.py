@@ -10,7 +10,7 @@ sampled ``MEMORY USAGE``: two pipelined round trips per node per page.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -122,15 +122,23 @@ def _decode_cursor(cursor: str) -> tuple[int, int]:
     return result
 
 
-def _configured(name: str, code: str) -> Policy | None:
-    """The configured policy ``name`` if it still uses this algorithm and can be peeked."""
-    if name not in settings.POLICIES:
-        return None
-    try:
-        policy = get_policy(name)
-    except PolicyError:
-        return None
-    if policy.code != code or policy.is_dynamic:
+Known = Mapping[str, Policy]
+
+
+def _settings_policies() -> dict[str, Policy]:
+    known = {}
+    for name in settings.POLICIES:
+        try:
+            known[name] = get_policy(name)
+        except PolicyError:
+            continue
+    return known
+
+
+def _configured(name: str, code: str, known: Known) -> Policy | None:
+    """The known policy ``name`` if it still uses this algorithm and can be peeked."""
+    policy = known.get(name)
+    if policy is None or policy.code != code or policy.is_dynamic:
         return None
     return policy
 
@@ -145,7 +153,7 @@ def _node_of(key: str, nodes: Sequence[tuple[str, redis.Redis]]) -> int:
 
 def scan_keys(
     cursor: str = "", *, search: str = "", policy: str | None = None,
-    page_size: int = PAGE_SIZE, max_calls: int = MAX_SCAN_CALLS,
+    page_size: int = PAGE_SIZE, max_calls: int = MAX_SCAN_CALLS, known: Known | None = None,
 ) -> KeyPage:
     """One page of live rate-limit keys, from ``cursor`` ("" = the start).
 
@@ -154,9 +162,11 @@ def scan_keys(
     that is a whole key of ours is looked up directly, without scanning.
     """
     nodes = primary_nodes()
+    if known is None:
+        known = _settings_policies()
     if search and parse_key(search) is not None and not cursor:
         index = _node_of(search, nodes)
-        return KeyPage(_states(nodes[index], [search]), "", 0, search)
+        return KeyPage(_states(nodes[index], [search], known), "", 0, search)
     pattern = match_pattern(search, policy)
     index, position = _decode_cursor(cursor)
     found: dict[tuple[int, str], None] = {}
@@ -175,7 +185,7 @@ def scan_keys(
             by_node.setdefault(node_index, []).append(key)
     states: list[KeyState] = []
     for node_index, node_keys in by_node.items():
-        states += _states(nodes[node_index], node_keys)
+        states += _states(nodes[node_index], node_keys, known)
     states.sort(key=lambda s: (s.policy_name, s.identity))
     next_cursor = "" if index >= len(nodes) else f"{index}-{position}"
     return KeyPage(states, next_cursor, calls, pattern)
@@ -208,13 +218,13 @@ def _first_pass(client: redis.Redis, keys: Sequence[str], script: Script,
     return replies
 
 
-def _states(node: tuple[str, redis.Redis], keys: Sequence[str]) -> list[KeyState]:
+def _states(node: tuple[str, redis.Redis], keys: Sequence[str], known: Known) -> list[KeyState]:
     name, client = node
     script = get_script("django_redislua.ratelimit")
     parsed = [p for p in map(parse_key, keys) if p is not None]
     if len(parsed) != len(keys):
         raise ValueError("only rate-limit keys of this app can be inspected")
-    policies = [_configured(name, code) for name, code, _identity in parsed]
+    policies = [_configured(name, code, known) for name, code, _identity in parsed]
     replies = iter(_first_pass(client, keys, script, policies))
     seconds, micros = _checked(next(replies))
     now_us = int(seconds) * US + int(micros)

@@ -231,8 +231,9 @@ class Policy:
     def peek(self, key: str | bytes | int) -> Decision:
         return engine.evaluate([(self, key, self.cost)], peek=True)[0]
 
-    def reset(self, key: str | bytes | int) -> None:
-        get_client().delete(self.redis_key(key))
+    def reset(self, key: str | bytes | int) -> bool:
+        """Forget ``key``'s state; False when there was none."""
+        return bool(get_client().delete(self.redis_key(key)))
 
     def release(self, key: str | bytes | int, decision: Decision) -> None:
         """Give back a concurrency slot taken by ``decision``."""
@@ -245,10 +246,10 @@ class Policy:
     async def apeek(self, key: str | bytes | int) -> Decision:
         return (await engine.aevaluate([(self, key, self.cost)], peek=True))[0]
 
-    async def areset(self, key: str | bytes | int) -> None:
+    async def areset(self, key: str | bytes | int) -> bool:
         if on_throwaway_loop():
             return self.reset(key)
-        await get_async_client().delete(self.redis_key(key))
+        return bool(await get_async_client().delete(self.redis_key(key)))
 
     async def arelease(self, key: str | bytes | int, decision: Decision) -> None:
         if on_throwaway_loop():

@@ -3,9 +3,10 @@
 from django.contrib import admin
 from django.urls import path
 
-from tests.testapp.admin_views import limited
+from tests.testapp.admin_views import inline_limited, limited
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("limited/", limited, name="limited"),
+    path("inline/", inline_limited, name="inline"),
 ]

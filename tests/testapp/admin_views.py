@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 
 from django_redislua import get_policy
+from django_redislua.decorators import ratelimit
 
 
 def limited(request: HttpRequest) -> HttpResponse:
@@ -13,3 +14,9 @@ def limited(request: HttpRequest) -> HttpResponse:
         return HttpResponse("Too many requests", status=429,
                             headers={"Retry-After": str(max(1, round(decision.retry_after)))})
     return HttpResponse(f"OK, {decision.remaining} left")
+
+
+@ratelimit(rate="3/h", key="ip")
+def inline_limited(request: HttpRequest) -> HttpResponse:
+    """An inline policy: the admin must know it (quota, reset) though settings do not name it."""
+    return HttpResponse("ok")
