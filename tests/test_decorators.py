@@ -319,3 +319,19 @@ def test_public_policy_names_never_leak_module_paths(client: Client) -> None:
             assert len(item.split(";")[0]) <= 52
     assert re.match(r'"MethodDecorated.post-[0-9a-f]{8}"', client.post("/rl/cbv/method/")[
         "RateLimit-Policy"])
+
+
+def test_a_soft_rule_never_switches_off_the_blocking_one() -> None:
+    """The issue's case: @ratelimit(rate="10/h") over @ratelimit(rate="3/m", block=False)
+    admitted 50 of 50."""
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    @ratelimit(rate="10/h", key="ip")
+    @ratelimit(rate="3/m", key="ip", block=False)
+    def view(request):  # type: ignore[no-untyped-def]
+        return HttpResponse("ok")
+
+    factory = RequestFactory()
+    statuses = [view(factory.get("/", REMOTE_ADDR="9.9.9.9")).status_code for _ in range(50)]
+    assert statuses == [200] * 10 + [429] * 40

@@ -584,3 +584,15 @@ def test_a_missing_address_is_limited_under_one_shared_identity() -> None:
     view = view_with(drf.AnonRateThrottle)
     with rest({"anon": "2/h"}):
         assert statuses(view, 3, REMOTE_ADDR="") == [200, 200, 429]
+
+
+def test_a_soft_policy_never_gates_the_blocking_one_in_policy_throttle() -> None:
+    from django.conf import settings
+
+    policies = {**settings.REDISLUA["POLICIES"],
+                "hard": {"rate": "5/h", "key": "ip"},
+                "soft": {"rate": "2/h", "key": "ip", "block": False}}
+    view = view_with(drf.PolicyThrottle, throttle_policy=["hard", "soft"])
+    with redislua(POLICIES=policies):
+        assert statuses(view, 7) == [200] * 5 + [429] * 2
+        assert get_policy("hard").peek("10.0.0.1").remaining == 0

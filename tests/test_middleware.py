@@ -93,3 +93,23 @@ async def test_async_stack() -> None:
     client = AsyncClient()
     statuses = [(await client.get("/rl/api/ok/")).status_code for _ in range(4)]
     assert statuses == [200, 200, 200, 429]
+
+
+SOFT_RULES = [
+    {"path": "/rl/api/", "policy": "mw-wide"},                      # 10/m, blocks
+    {"path": "/rl/api/", "policy": "mw-path", "block": False},      # 3/m, only marks
+]
+
+
+def test_a_soft_middleware_rule_never_switches_off_the_blocking_one(client: Client) -> None:
+    """The bug: once the soft rule was over its limit nothing was consumed anywhere, so the
+    blocking 10/m rule admitted everything."""
+    config = {**REDISLUA, "POLICIES": POLICIES, "MIDDLEWARE_POLICIES": SOFT_RULES}
+    with override_settings(
+        MIDDLEWARE=[*MIDDLEWARE, "django_redislua.middleware.RateLimitMiddleware"],
+        REDISLUA=config,
+    ):
+        responses = [client.get("/rl/api/ok/") for _ in range(50)]
+    assert [r.status_code for r in responses] == [200] * 10 + [429] * 40
+    assert [r.wsgi_request.limited for r in responses[:10]] == [False] * 3 + [True] * 7
+    assert not any(r.has_header("Retry-After") for r in responses[:10])
