@@ -246,20 +246,36 @@ def _record(request: HttpRequest, rules: list[Rule], decisions: Sequence[Decisio
     return Outcome(tuple(rules), tuple(decisions))
 
 
-def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any) -> Outcome:
-    """Decide ``rules`` for ``request`` in one script call; record and signal the result."""
+def _begin(
+    request: HttpRequest, rules: Iterable[RuleOrError]
+) -> tuple[list[Rule], list[Check]] | Outcome:
+    """The checks to send, or the Outcome already known (a broken rule with FAIL_OPEN off)."""
     applied, checks, broken = checks_for(request, rules)
     if broken and not settings.FAIL_OPEN:
         return UNAVAILABLE
-    decisions: list[Decision] = []
-    if checks:
-        try:
-            decisions = evaluate(checks, soft=soft_indexes(applied))
-        except CLIENT_ERRORS as exc:
-            report_outage(exc)
-            if not settings.FAIL_OPEN:
-                return UNAVAILABLE
-            applied = []
+    return applied, checks
+
+
+def _failed(request: HttpRequest, exc: BaseException) -> Outcome:
+    """Redis failed: FAIL_OPEN admits (nothing decided, nothing recorded), else 503."""
+    report_outage(exc)
+    if not settings.FAIL_OPEN:
+        return UNAVAILABLE
+    return _record(request, [], [])
+
+
+# decide and adecide differ only in how they call Redis and send the signal; what to send and
+# what a failure means live in _begin and _failed, shared.
+def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any) -> Outcome:
+    """Decide ``rules`` for ``request`` in one script call; record and signal the result."""
+    begun = _begin(request, rules)
+    if isinstance(begun, Outcome):
+        return begun
+    applied, checks = begun
+    try:
+        decisions = evaluate(checks, soft=soft_indexes(applied)) if checks else []
+    except CLIENT_ERRORS as exc:
+        return _failed(request, exc)
     outcome = _record(request, applied, decisions)
     for decision in decisions:
         if not decision.allowed:
@@ -269,18 +285,14 @@ def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any) -> O
 
 async def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any) -> Outcome:
     """The asyncio twin of :func:`decide` (no thread hop: the asyncio Redis client)."""
-    applied, checks, broken = checks_for(request, rules)
-    if broken and not settings.FAIL_OPEN:
-        return UNAVAILABLE
-    decisions: list[Decision] = []
-    if checks:
-        try:
-            decisions = await aevaluate(checks, soft=soft_indexes(applied))
-        except CLIENT_ERRORS as exc:
-            report_outage(exc)
-            if not settings.FAIL_OPEN:
-                return UNAVAILABLE
-            applied = []
+    begun = _begin(request, rules)
+    if isinstance(begun, Outcome):
+        return begun
+    applied, checks = begun
+    try:
+        decisions = await aevaluate(checks, soft=soft_indexes(applied)) if checks else []
+    except CLIENT_ERRORS as exc:
+        return _failed(request, exc)
     outcome = _record(request, applied, decisions)
     for decision in decisions:
         if not decision.allowed:
