@@ -9,7 +9,13 @@ from django_redislua.locks.coordination import (
     single_flight,
     singleton,
 )
-from django_redislua.locks.lock import Lock, LockError, LockNotAcquired, LockNotOwned
+from django_redislua.locks.lock import (
+    Lock,
+    LockError,
+    LockNotAcquired,
+    LockNotOwned,
+    LockUnavailable,
+)
 from django_redislua.locks.semaphore import Semaphore
 
 __all__ = [
@@ -17,6 +23,7 @@ __all__ = [
     "LockError",
     "LockNotAcquired",
     "LockNotOwned",
+    "LockUnavailable",
     "RunInProgress",
     "Semaphore",
     "asingle_flight",

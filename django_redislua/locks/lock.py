@@ -79,6 +79,36 @@ class LockNotAcquired(LockError):
     """``with Lock(...)`` (or the decorator) could not acquire within ``blocking_timeout``."""
 
 
+class LockUnavailable(LockError):
+    """Redis failed while locking (down, timed out, refused the credentials, no cluster node):
+    never a bare redis-py error. The lock's state is unknown; the lease ends by itself."""
+
+
+def redis_failures_as_lock_errors(method: Callable[P, R]) -> Callable[P, R]:
+    """Turn every client failure family (``connection.CLIENT_ERRORS``) of ``method`` (sync or
+    ``async def``) into :class:`LockUnavailable`."""
+    from django_redislua.connection import CLIENT_ERRORS
+
+    if iscoroutinefunction(method):
+        @functools.wraps(method)
+        async def async_translated(*args: P.args, **kwargs: P.kwargs) -> Any:
+            try:
+                return await method(*args, **kwargs)
+            except CLIENT_ERRORS as exc:
+                raise LockUnavailable(f"Redis failed while locking: {exc}") from exc
+
+        return cast(Callable[P, R], async_translated)
+
+    @functools.wraps(method)
+    def translated(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except CLIENT_ERRORS as exc:
+            raise LockUnavailable(f"Redis failed while locking: {exc}") from exc
+
+    return translated
+
+
 def parse_wait(value: float | str | None) -> float | None:
     """A blocking timeout: None (wait as long as it takes), 0 or more seconds, or "500ms"..."""
     if value is None:
@@ -200,6 +230,7 @@ class Lock:
         keys, args = self._withdraw_call()
         return self._took(get_script("django_redislua.lock_withdraw")(keys=keys, args=args)) is None
 
+    @redis_failures_as_lock_errors
     def acquire(self, blocking: bool | None = None,
                 blocking_timeout: float | str | None = None) -> bool:
         """Take the lock; True when held. Waits (woken on release) unless non-blocking."""
@@ -211,6 +242,7 @@ class Lock:
             self._start_renewer()
         return True
 
+    @redis_failures_as_lock_errors
     def release(self) -> None:
         """Release one hold (the last re-entry frees it and wakes a waiter); owner-checked."""
         keys, args = self._release_call(self.owner, "one" if self.reentrant else "all")
@@ -224,18 +256,21 @@ class Lock:
             self._halt_renewer()
             self.lost = False  # it was ours until now; a renewal racing the release is no loss
 
+    @redis_failures_as_lock_errors
     def extend(self, additional_time: float | str, replace_ttl: bool = False) -> None:
         """Add ``additional_time`` to the lease (or make it the lease); owner-checked."""
         args = self._extend_args(additional_time, replace_ttl)
         if int(get_script("django_redislua.lock_extend")(keys=[self.keys.base], args=args)) < 0:
             raise self._not_owned("extend")
 
+    @redis_failures_as_lock_errors
     def locked(self) -> bool:
         """Whether anyone holds the lock now."""
         from django_redislua.connection import get_client
 
         return bool(get_client().exists(self.keys.base))
 
+    @redis_failures_as_lock_errors
     def owned(self) -> bool:
         """Whether this Lock object's owner holds the lock now."""
         from django_redislua.connection import get_client
@@ -299,6 +334,7 @@ class Lock:
         script = get_script("django_redislua.lock_withdraw")
         return self._took(await script.acall(keys=keys, args=args)) is None
 
+    @redis_failures_as_lock_errors
     async def aacquire(self, blocking: bool | None = None,
                        blocking_timeout: float | str | None = None) -> bool:
         """The asyncio twin of :meth:`acquire`. Cancelled mid-way, it leaves the lock free."""
@@ -326,6 +362,7 @@ class Lock:
         script = get_script("django_redislua.lock_release")
         keep_running(asyncio.get_running_loop().create_task(script.acall(keys=keys, args=args)))
 
+    @redis_failures_as_lock_errors
     async def arelease(self) -> None:
         """The asyncio twin of :meth:`release`."""
         keys, args = self._release_call(self.owner, "one" if self.reentrant else "all")
@@ -339,6 +376,7 @@ class Lock:
             await self._ahalt_renewer()
             self.lost = False
 
+    @redis_failures_as_lock_errors
     async def aextend(self, additional_time: float | str, replace_ttl: bool = False) -> None:
         """The asyncio twin of :meth:`extend`."""
         args = self._extend_args(additional_time, replace_ttl)
@@ -346,11 +384,13 @@ class Lock:
         if int(await script.acall(keys=[self.keys.base], args=args)) < 0:
             raise self._not_owned("extend")
 
+    @redis_failures_as_lock_errors
     async def alocked(self) -> bool:
         from django_redislua.connection import get_async_client
 
         return bool(await get_async_client().exists(self.keys.base))
 
+    @redis_failures_as_lock_errors
     async def aowned(self) -> bool:
         from django_redislua.connection import get_async_client
 

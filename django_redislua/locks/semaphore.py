@@ -16,6 +16,7 @@ from django_redislua.locks.lock import (
     LockNotOwned,
     keep_running,
     parse_wait,
+    redis_failures_as_lock_errors,
     release_shielded,
 )
 from django_redislua.locks.waiting import await_until, wait_until
@@ -63,6 +64,7 @@ class Semaphore:
                 raise LockNotOwned(f"semaphore {self.name!r}: this object holds no permit")
             return self._permits.pop()
 
+    @redis_failures_as_lock_errors
     def acquire(self, blocking: bool | None = None,
                 blocking_timeout: float | str | None = None) -> bool:
         """Take a permit; True when granted."""
@@ -81,6 +83,7 @@ class Semaphore:
         self._granted(permit)
         return True
 
+    @redis_failures_as_lock_errors
     def release(self) -> None:
         """Give back a permit; LockNotOwned when it had already expired."""
         permit = self._take()
@@ -88,6 +91,7 @@ class Semaphore:
         if not script(keys=[self.keys.base], args=[permit, self.keys.channel]):
             raise LockNotOwned(f"semaphore {self.name!r}: the permit expired before release")
 
+    @redis_failures_as_lock_errors
     async def aacquire(self, blocking: bool | None = None,
                        blocking_timeout: float | str | None = None) -> bool:
         """The asyncio twin of :meth:`acquire`. Cancelled mid-way, it holds no permit."""
@@ -113,6 +117,7 @@ class Semaphore:
         self._granted(permit)
         return True
 
+    @redis_failures_as_lock_errors
     async def arelease(self) -> None:
         """The asyncio twin of :meth:`release`."""
         permit = self._take()
