@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import redis
 
 from django_redislua.connection import primary_nodes
-from django_redislua.scripts import registry
+from django_redislua.scripts import LIBRARY_PREFIX, registry
 
 MIN_FUNCTIONS_VERSION = (7, 0)
 
@@ -24,7 +24,7 @@ class ScriptStatus:
     node: str
     name: str
     sha: str
-    status: str  # "loaded", "already loaded", "missing", "present"
+    status: str  # "loaded", "already loaded", "missing", "present", "removed", "stale"
 
 
 def server_version(client: redis.Redis) -> tuple[int, ...]:
@@ -63,7 +63,13 @@ def load_scripts(check_only: bool = False) -> list[ScriptStatus]:
 
 
 def load_functions(check_only: bool = False) -> list[ScriptStatus]:
-    """FUNCTION LOAD the versioned library of every script on every primary (Redis >= 7)."""
+    """FUNCTION LOAD the versioned library of every script on every primary (Redis >= 7), and
+    FUNCTION DELETE this app's libraries of earlier releases ("stale" with ``check_only``).
+
+    Removing them is safe during a rolling deploy: a server still running an earlier release
+    that calls a function of its removed library gets "function not found" and loads its own
+    library again (``scripts._call_function``), once.
+    """
     lib_name, source = registry.library()
     report = []
     for node, client in primary_nodes():
@@ -82,4 +88,9 @@ def load_functions(check_only: bool = False) -> list[ScriptStatus]:
             client.function_load(source, replace=True)
             status = "loaded"
         report.append(ScriptStatus(node, f"library {lib_name}", lib_name, status))
+        for old in sorted(library_names(client, f"{LIBRARY_PREFIX}*") - {lib_name}):
+            if not check_only:
+                client.function_delete(old)
+            report.append(ScriptStatus(node, f"library {old}", old,
+                                       "stale" if check_only else "removed"))
     return report

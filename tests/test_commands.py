@@ -43,6 +43,36 @@ def test_functions_load_and_check(r):
     assert "present" in run("redislua_preload", "--functions", "--check")
 
 
+def test_functions_preload_removes_libraries_of_earlier_releases(r):
+    from django_redislua.functions import library_names
+
+    old = "redislua_0123456789ab"
+    r.function_load(f"#!lua name={old}\nredis.register_function('{old}__x', "
+                    "function() return 1 end)")
+    r.function_load("#!lua name=someone_else\nredis.register_function('theirs', "
+                    "function() return 2 end)")
+    with pytest.raises(CommandError):  # this release's library is still missing: exit 1
+        run("redislua_preload", "--functions", "--check")
+    out = run("redislua_preload", "--functions")
+    assert f"{old}" in out and "removed" in out
+    lib_name, _ = registry.library()
+    assert library_names(r) == {lib_name, "someone_else"}  # others' libraries are left alone
+    r.function_load(f"#!lua name={old}\nredis.register_function('{old}__x', "
+                    "function() return 1 end)")
+    out = run("redislua_preload", "--functions", "--check")  # present: exit 0
+    assert f"library {old}" in out and "stale" in out and old in library_names(r)
+
+
+@pytest.mark.django_db
+def test_a_server_of_an_earlier_release_reloads_its_library_once(r, settings):
+    """Removing a library under a running server of that release is safe: its next call
+    finds the function missing, loads its library again, and answers."""
+    settings.REDISLUA = {**settings.REDISLUA, "USE_FUNCTIONS": True}
+    assert get_policy("login").hit("k").allowed  # loads this release's library
+    r.function_flush()
+    assert get_policy("login").hit("k").allowed
+
+
 def test_functions_on_a_real_redis_6_say_so_and_scripts_still_load(redis6):
     with override_settings(REDISLUA={"CONNECTION": redis6.url}):
         with pytest.raises(CommandError, match=r"Redis 6\.2\.\d+; Functions need Redis 7\.0"):
