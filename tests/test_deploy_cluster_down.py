@@ -15,7 +15,6 @@ import http.client
 import itertools
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ import redis
 from django.conf import settings
 
 from django_redislua.testing import RedisClusterServers, free_cluster_port, free_port
+from tests.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 2
@@ -178,13 +178,7 @@ def serving(connection: str, fail_open: bool) -> Iterator[Served]:
                 time.sleep(0.2)
             yield served
         finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+            stop_group(process)
 
 
 class Traffic:

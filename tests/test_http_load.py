@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import pytest
 from django.conf import settings
 
 from django_redislua.testing import free_port
+from tests.processes import stop_group
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "example_project"
 CLIENTS, REQUESTS = 50, 200
@@ -79,13 +79,7 @@ def serving(kind: str) -> Iterator[int]:
                 time.sleep(0.2)
             yield port
         finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+            stop_group(process)
 
 
 @pytest.mark.slow
