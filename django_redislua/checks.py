@@ -186,16 +186,23 @@ def _middleware_policies(config: dict[str, Any]) -> list[CheckMessage]:
     return messages
 
 
+def _rates_checked_globally() -> bool:
+    """True when this app's throttles are in DEFAULT_THROTTLE_CLASSES: then _drf_rates checks
+    every DEFAULT_THROTTLE_RATES entry, and the per-view walk need not report them again."""
+    config = getattr(django_settings, "REST_FRAMEWORK", {})
+    if not isinstance(config, dict):
+        return False
+    classes = config.get("DEFAULT_THROTTLE_CLASSES", [])
+    return any(str(c).startswith("django_redislua.") for c in classes)
+
+
 def _drf_rates() -> list[CheckMessage]:
     """With this app's DRF throttles in use, every DEFAULT_THROTTLE_RATES entry must parse."""
     from django_redislua.limiting.rates import RateError, parse_rate
 
+    if not _rates_checked_globally():
+        return []
     config = getattr(django_settings, "REST_FRAMEWORK", {})
-    if not isinstance(config, dict):
-        return []
-    classes = config.get("DEFAULT_THROTTLE_CLASSES", [])
-    if not any(str(c).startswith("django_redislua.") for c in classes):
-        return []
     messages: list[CheckMessage] = []
     for scope, rate in (config.get("DEFAULT_THROTTLE_RATES") or {}).items():
         if rate is None:
@@ -251,8 +258,13 @@ def _drf_throttles() -> list[CheckMessage]:
             in_use[(throttle, route or "/")] = view_class
     messages: list[CheckMessage] = []
     reported: set[str] = set()
+    rates_checked = _rates_checked_globally()
     for (throttle_class, where), view_class in in_use.items():
         for error in _throttle_errors(drf, throttle_class, view_class):
+            from_defaults = getattr(throttle_class, "THROTTLE_RATES", None) is None and getattr(
+                throttle_class, "rate", None) is None
+            if rates_checked and error.check_id == "redislua.E020" and from_defaults:
+                continue  # a DEFAULT_THROTTLE_RATES entry: _drf_rates reports it once
             if str(error) not in reported:  # one line per mistake, not per view repeating it
                 reported.add(str(error))
                 name = throttle_class.__name__

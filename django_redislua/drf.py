@@ -74,7 +74,6 @@ __all__ = [
 ]
 
 
-
 class RateLimiterUnavailable(APIException):
     """The limiter cannot decide and ``REDISLUA["FAIL_OPEN"]`` is False: 503 + Retry-After."""
 
@@ -234,7 +233,7 @@ class SimpleRateThrottle(BaseThrottle):
         except RateError as exc:
             raise ThrottleConfigError(
                 "redislua.E020",
-                f"{type(self).__name__} (scope {self.scope!r}): throttle rate {rate!r}: {exc}",
+                f"scope {self.scope!r}: throttle rate {rate!r}: {exc}",
             ) from None
         return (parsed.count, parsed.period)
 

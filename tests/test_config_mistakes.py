@@ -144,3 +144,24 @@ def test_a_password_never_appears_in_a_check_message() -> None:
     with redislua(CONNECTION="redis://user:s3cret@127.0.0.1:bad/0"):
         (message,) = check_settings()
     assert "s3cret" not in message.msg and "user:***@" in message.msg
+
+
+def test_a_bad_global_drf_rate_is_reported_once() -> None:
+    from django.conf import settings
+
+    bad = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"anon": "3/x", "user": "5/m"}}
+    with override_settings(REST_FRAMEWORK=bad):
+        found = [m.id for m in [*check_settings(), *check_views()]]
+    assert found == ["redislua.E020"]
+
+
+def test_a_bad_rate_used_only_by_a_routed_view_is_reported() -> None:
+    """Our throttles not global, but on a routed view (/m/drf/ has them as its class
+    attribute): the per-view walk reports the rate, once."""
+    bad = {"DEFAULT_THROTTLE_CLASSES": [], "DEFAULT_THROTTLE_RATES": {"anon": "3/x",
+                                                                      "user": "5/m"}}
+    with override_settings(REST_FRAMEWORK=bad):
+        assert check_settings() == []
+        found = [(m.id, m.msg) for m in check_views()]
+    assert [i for i, _ in found] == ["redislua.E020"]
+    assert "AnonRateThrottle on m/drf/: scope 'anon'" in found[0][1]
