@@ -57,6 +57,7 @@ from django_redislua.request_layer import (
     Rule,
     checks_for,
     mark_logged,
+    release_all,
     report_broken,
     report_outage,
     rule_for_name,
@@ -378,14 +379,9 @@ def _release_when_done(view: APIView, held: list[Decision]) -> None:
 
     def release() -> None:
         nonlocal released
-        if released:
-            return
-        released = True
-        for decision in held:
-            try:
-                decision.policy.release(decision.key, decision)
-            except CLIENT_ERRORS as exc:  # the lease expires after the policy's timeout
-                report_outage(exc)
+        if not released:
+            released = True
+            release_all(held)  # a Redis failure is logged; the lease expires by itself
 
     finalize_response = view.finalize_response
     raise_uncaught_exception = view.raise_uncaught_exception

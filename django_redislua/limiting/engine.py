@@ -91,8 +91,9 @@ class _Plan:
         self.unique = unique
         doomed = [_doomed(policy, cost) for policy, _i, cost, _g, _k in unique]
         self.doomed = doomed
-        gate_closed = any(d and u[3] for d, u in zip(doomed, unique, strict=True))
-        mode = "peek" if peek else ("soft" if gate_closed else "hit")
+        # A gating check no wait can admit denies the request: no gating check may consume.
+        self.gate_closed = any(d and u[3] for d, u in zip(doomed, unique, strict=True))
+        mode = "peek" if peek else ("soft" if self.gate_closed else "hit")
         live = [j for j in range(len(unique)) if not doomed[j]]
         if cluster and len(live) > 1:
             slots: dict[int, list[int]] = {}
@@ -128,9 +129,9 @@ class _Plan:
                 policy, identity = unique[j][0], unique[j][1]
                 out[j] = Decision(False, policy.limit, policy.limit, 0.0, NEVER, policy, identity)
         for group, reply in zip(self.groups, replies, strict=True):
-            gates_allow = not any(
+            gates_allow = not self.gate_closed and not any(
                 reply[4 * n] != 1 and unique[j][3] for n, j in enumerate(group)
-            ) and not any(d and u[3] for d, u in zip(self.doomed, unique, strict=True))
+            )
             for n, j in enumerate(group):
                 policy, identity, _cost, gate, _key = unique[j]
                 allowed = reply[4 * n] == 1
