@@ -106,6 +106,17 @@ class Endpoint:
     sentinel_options: dict[str, Any] = field(default_factory=dict)  # the Sentinels' own auth
 
 
+def _client_options(
+    extra: dict[str, Any], sentinel_extra: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The data nodes' client options and the sentinels' own, merged in the documented order:
+    this app's timeouts, then ``extra`` (a cache's OPTIONS), then ``CONNECTION_OPTIONS``, whose
+    ``"sentinel_kwargs"`` goes to the sentinels (after ``sentinel_extra``)."""
+    options = {**_timeouts(), **extra, **settings.CONNECTION_OPTIONS}
+    sentinel = {**_timeouts(), **(sentinel_extra or {}), **options.pop("sentinel_kwargs", {})}
+    return options, sentinel
+
+
 def _timeouts() -> dict[str, Any]:
     return {
         "socket_timeout": settings.SOCKET_TIMEOUT,
@@ -161,8 +172,7 @@ def parse_url(url: str, extra: dict[str, Any] | None = None) -> Endpoint:
             "redislua.E002",
             f"{_redact(url)!r} has the scheme {scheme!r}; use one of {', '.join(URL_SCHEMES)}.",
         )
-    options = {**_timeouts(), **(extra or {}), **settings.CONNECTION_OPTIONS}
-    sentinel_options = {**_timeouts(), **options.pop("sentinel_kwargs", {})}
+    options, sentinel_options = _client_options(extra or {})
     base_scheme = scheme.split("+")[0]
     netloc = parts.netloc.rsplit("@", 1)[-1]
     query = parse_qs(parts.query)
@@ -293,14 +303,14 @@ def _django_redis_sentinel(
             "redislua.E002", f"OPTIONS['SENTINELS'] must be a list of (host, port) pairs, not "
             f"{options['SENTINELS']!r}"
         ) from None
-    data = {**_timeouts(), **extra, **settings.CONNECTION_OPTIONS}
+    data, sentinel_options = _client_options(extra, options.get("SENTINEL_KWARGS") or {})
     if parts.password:
         data.setdefault("password", unquote(parts.password))
     if db.isdigit():
         data.setdefault("db", int(db))
     return Endpoint(
         "sentinel", location, data, sentinels=tuple(sentinels), service_name=parts.hostname,
-        sentinel_options={**_timeouts(), **(options.get("SENTINEL_KWARGS") or {})},
+        sentinel_options=sentinel_options,
     )
 
 

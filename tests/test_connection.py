@@ -193,3 +193,22 @@ def test_a_failed_client_build_is_not_retried_for_a_second(monkeypatch) -> None:
         with pytest.raises(connection.CLIENT_ERRORS):
             get_client()
         assert len(attempts) == 2
+
+
+def test_connection_options_sentinel_kwargs_go_to_the_sentinels_in_both_forms(settings) -> None:
+    """CONNECTION_OPTIONS["sentinel_kwargs"] reaches the sentinels for a sentinel URL and for
+    django-redis's SENTINELS form alike (it used to be passed to the data nodes in the latter)."""
+    caches = {**settings.CACHES, "s": {
+        "BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://mymaster/0",
+        "OPTIONS": {"SENTINELS": [("127.0.0.1", 26379)], "SENTINEL_KWARGS": {"username": "u"}},
+    }}
+    extra = {"sentinel_kwargs": {"password": "sp"}, "client_name": "web"}
+    for connection in ("s", "redis+sentinel://127.0.0.1:26379/mymaster"):
+        with override_settings(CACHES=caches,
+                               REDISLUA={"CONNECTION": connection, "CONNECTION_OPTIONS": extra}):
+            endpoint = resolve_endpoint()
+        assert endpoint.kind == "sentinel"
+        assert endpoint.sentinel_options["password"] == "sp"
+        assert "sentinel_kwargs" not in endpoint.options
+        assert endpoint.options["client_name"] == "web"
+    assert endpoint.sentinel_options.get("username") is None  # the URL form has no SENTINEL_KWARGS
