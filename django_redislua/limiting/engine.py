@@ -71,8 +71,23 @@ class _Plan:
         cluster: bool,
     ) -> None:
         self.peek = peek
+        self.leases: list[str | None]
+        self.calls: list[tuple[list[str], list[Any]]]
+        if len(checks) == 1 and checks[0][2] <= checks[0][0].limit:
+            # The common case (one live check), kept lean: it is on every request's path.
+            policy, identity, cost = checks[0]
+            _validate(policy, cost)
+            gate = 0 not in soft
+            key = policy.redis_key(identity)
+            self.index, self.unique, self.groups = [0], [(policy, identity, cost, gate, key)], [[0]]
+            self.doomed, self.gate_closed, self.leases = [False], False, [None]
+            extra = self._extra(policy, 0)
+            self.calls = [([key], ["peek" if peek else "hit", "" if now_us is None else now_us,
+                                   policy.code, policy.limit, policy.param, cost, extra,
+                                   "1" if gate else "0"])]
+            return
         by_key: dict[str, int] = {}
-        self.index: list[int] = []  # check i -> its unique check
+        self.index = []  # check i -> its unique check
         unique: list[tuple[Policy, str | bytes | int, int, bool, str]] = []
         for i, (policy, identity, cost) in enumerate(checks):
             _validate(policy, cost)
@@ -103,43 +118,56 @@ class _Plan:
         else:
             groups = [live] if live else []
         self.groups = groups
-        self.leases: list[str | None] = [None] * len(unique)
-        self.calls: list[tuple[list[str], list[Any]]] = []
+        self.leases = [None] * len(unique)
+        self.calls = []
         for group in groups:
             keys: list[str] = []
             args: list[Any] = [mode, "" if now_us is None else now_us]
             for j in group:
                 policy, _identity, cost, gate, key = unique[j]
-                code = policy.code
-                if code == "sl":
-                    extra: Any = _nonce()
-                elif code == "cc":
-                    extra = self.leases[j] = _nonce()
-                else:
-                    extra = policy.extra
                 keys.append(key)
-                args += (code, policy.limit, policy.param, cost, extra, "1" if gate else "0")
+                args += (policy.code, policy.limit, policy.param, cost, self._extra(policy, j),
+                         "1" if gate else "0")
             self.calls.append((keys, args))
 
+    def _extra(self, policy: Policy, j: int) -> Any:
+        """The script's "extra" argument of unique check ``j``; a concurrency check's lease id
+        is also kept in ``self.leases[j]``."""
+        if policy.code == "sl":
+            return _nonce()
+        if policy.code == "cc":
+            lease = self.leases[j] = _nonce()
+            return lease
+        return policy.extra
+
     def decisions(self, replies: Sequence[Sequence[int]]) -> list[Decision]:
-        unique = self.unique
-        out: list[Decision | None] = [None] * len(unique)
-        for j, doomed in enumerate(self.doomed):
-            if doomed:
-                policy, identity = unique[j][0], unique[j][1]
-                out[j] = Decision(False, policy.limit, policy.limit, 0.0, NEVER, policy, identity)
+        if len(self.index) == 1 and self.groups:  # one live check: the lean path again
+            policy, identity = self.unique[0][0], self.unique[0][1]
+            reply = replies[0]
+            allowed = reply[0] == 1
+            lease = self.leases[0] if allowed and not self.peek else None
+            return [Decision(allowed, policy.limit, reply[1], reply[2] / US, reply[3] / US,
+                             policy, identity, lease)]
+        unique, peek, leases = self.unique, self.peek, self.leases
+        # Denials decided here (no wait can lift them) need no reply.
+        out: list[Decision | None] = [
+            Decision(False, u[0].limit, u[0].limit, 0.0, NEVER, u[0], u[1]) if doomed else None
+            for u, doomed in zip(unique, self.doomed, strict=True)
+        ]
         for group, reply in zip(self.groups, replies, strict=True):
-            gates_allow = not self.gate_closed and not any(
-                reply[4 * n] != 1 and unique[j][3] for n, j in enumerate(group)
-            )
+            gates_allow = not self.gate_closed
+            if gates_allow:
+                for n, j in enumerate(group):
+                    if reply[4 * n] != 1 and unique[j][3]:
+                        gates_allow = False
+                        break
             for n, j in enumerate(group):
                 policy, identity, _cost, gate, _key = unique[j]
                 allowed = reply[4 * n] == 1
-                consumed = allowed and not self.peek and (gates_allow or not gate)
+                consumed = allowed and not peek and (gates_allow or not gate)
                 out[j] = Decision(
                     allowed, policy.limit, reply[4 * n + 1], reply[4 * n + 2] / US,
-                    reply[4 * n + 3] / US, policy, identity,
-                    self.leases[j] if consumed else None,
+                    reply[4 * n + 3] / US, policy, identity, leases[j] if consumed else None,
                 )
         return [cast(Decision, out[j]) for j in self.index]
 
