@@ -172,6 +172,12 @@ class _Plan:
         return [cast(Decision, out[j]) for j in self.index]
 
 
+def _on_cluster(checks: Sequence[Check], client: object) -> bool:
+    """Whether checks may need one call per slot. One check never does, and the isinstance
+    test is not free (redis-py's asyncio cluster class is a typing Protocol)."""
+    return len(checks) > 1 and isinstance(client, CLUSTER_CLIENTS)
+
+
 def evaluate(
     checks: Sequence[Check], *, peek: bool = False, now_us: int | None = None,
     client: SyncClient | None = None, soft: Collection[int] = (),
@@ -184,7 +190,7 @@ def evaluate(
     """
     if client is None:
         client = get_client()
-    plan = _Plan(checks, peek, now_us, soft, isinstance(client, CLUSTER_CLIENTS))
+    plan = _Plan(checks, peek, now_us, soft, _on_cluster(checks, client))
     script = get_script(SCRIPT)
     return plan.decisions([script(keys, args, client=client) for keys, args in plan.calls])
 
@@ -198,7 +204,7 @@ async def aevaluate(
         if on_throwaway_loop():  # an async view under WSGI: see on_throwaway_loop
             return evaluate(checks, peek=peek, now_us=now_us, soft=soft)
         client = get_async_client()
-    plan = _Plan(checks, peek, now_us, soft, isinstance(client, CLUSTER_CLIENTS))
+    plan = _Plan(checks, peek, now_us, soft, _on_cluster(checks, client))
     script = get_script(SCRIPT)
     return plan.decisions(
         [await script.acall(keys, args, client=client) for keys, args in plan.calls]
