@@ -134,6 +134,15 @@ def _scalars(config: dict[str, Any]) -> list[CheckMessage]:
                     f"REDISLUA['{name}'] must be a number of seconds > 0 or None, not {value!r}.",
                 )
             )
+    window = config.get("LOCK_CLAIM_WINDOW", DEFAULTS["LOCK_CLAIM_WINDOW"])
+    if isinstance(window, bool) or not isinstance(window, (int, float)) or not 0 < window <= 60:
+        messages.append(
+            _error(
+                "redislua.E023",
+                f"REDISLUA['LOCK_CLAIM_WINDOW'] must be a number of seconds > 0 and <= 60, "
+                f"not {window!r}.",
+            )
+        )
     options = config.get("CONNECTION_OPTIONS", {})
     if not isinstance(options, dict):
         messages.append(_error("redislua.E019", "REDISLUA['CONNECTION_OPTIONS'] must be a dict."))

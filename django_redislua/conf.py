@@ -33,6 +33,8 @@ DEFAULTS: dict[str, Any] = {
     "DENIED_VIEW": None,
     # Call scripts as Redis 7 Functions (FCALL) instead of EVALSHA.
     "USE_FUNCTIONS": False,
+    # Seconds a waiter handed a lock has to confirm it; an unconfirmed hand-off passes on.
+    "LOCK_CLAIM_WINDOW": 1.0,
 }
 
 HEADER_MODES = ("ietf", "legacy", "both", None)
@@ -129,6 +131,14 @@ class Settings:
     @property
     def USE_FUNCTIONS(self) -> bool:
         return bool(_merged()["USE_FUNCTIONS"])
+
+    @property
+    def LOCK_CLAIM_WINDOW(self) -> float:
+        value = _merged()["LOCK_CLAIM_WINDOW"]
+        # checks.py reports anything else as redislua.E023; the lock keeps working on 1 s.
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 60:
+            return 1.0
+        return float(value)
 
 
 settings = Settings()

@@ -10,6 +10,7 @@ from django_redislua.locks.coordination import (
     singleton,
 )
 from django_redislua.locks.lock import (
+    LeaseLost,
     Lock,
     LockError,
     LockNotAcquired,
@@ -19,6 +20,7 @@ from django_redislua.locks.lock import (
 from django_redislua.locks.semaphore import Semaphore
 
 __all__ = [
+    "LeaseLost",
     "Lock",
     "LockError",
     "LockNotAcquired",

@@ -6,6 +6,12 @@
 - ``single_flight``: on a cache miss one caller builds the value, the others wait for it (or are
   served the stale copy); ``build`` never runs twice at once for one key.
 
+Each holds a lease while the user's code runs and renews it (``lease.Renewer``), so a timeout
+only bounds how long a crashed process keeps the others out. A lease lost anyway (the process
+paused, Redis unreachable for longer than the lease) is never dropped silently: ``singleton``
+and ``run_once`` raise :class:`LeaseLost` after the body, ``single_flight`` does not store the
+value it built over a newer one; each logs it.
+
 Results and values are pickled, as Django's cache does: only store what your own code built.
 """
 
@@ -13,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import pickle
 import secrets
-import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
 
@@ -24,9 +31,12 @@ from asgiref.sync import iscoroutinefunction
 
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import Keys, keys_for
-from django_redislua.locks.lock import Lock, LockError, keep_running, milliseconds, parse_wait
+from django_redislua.locks.lease import AsyncRenewer, Lease, Renewer, milliseconds
+from django_redislua.locks.lock import LeaseLost, Lock, LockError, keep_running, parse_wait
 from django_redislua.locks.waiting import await_until, wait_until
 from django_redislua.scripts import get_script
+
+logger = logging.getLogger("django_redislua.locks")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -43,14 +53,25 @@ class RunInProgress(LockError):
 
 # -- singleton --------------------------------------------------------------------------------
 
+def _lease_lost(what: str, exc: LeaseLost, result: Any) -> LeaseLost:
+    exc.result = result
+    logger.error("%s: the lease ran out or was taken while the body ran; another instance may "
+                 "have run it at the same time", what)
+    return exc
+
+
 def singleton(name: str, timeout: float | str, wait: bool = False,
               blocking_timeout: float | str | None = None
               ) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
     """Run the decorated job on one instance at a time: others return None (or, with
     ``wait=True``, wait their turn). The lock renews itself while the job runs, so ``timeout``
-    only bounds how long a crashed instance keeps others out."""
+    only bounds how long a crashed instance keeps others out. If the lease was lost anyway
+    (this process paused, Redis unreachable past the lease), :class:`LeaseLost` is raised
+    after the job, carrying its result."""
 
     def decorate(func: Callable[P, R]) -> Callable[P, R | None]:
+        what = f"singleton {name!r}"
+
         def lock() -> Lock:
             return Lock(name, timeout, blocking=wait, blocking_timeout=blocking_timeout,
                         auto_renew=True)
@@ -65,10 +86,13 @@ def singleton(name: str, timeout: float | str, wait: bool = False,
                     return None
                 try:
                     result = await async_func(*args, **kwargs)
-                except BaseException:
-                    await held.__aexit__(*sys.exc_info())
+                except BaseException as exc:
+                    await held.__aexit__(type(exc), exc, exc.__traceback__)
                     raise
-                await held.__aexit__(None, None, None)
+                try:
+                    await held.__aexit__(None, None, None)
+                except LeaseLost as exc:
+                    raise _lease_lost(what, exc, result) from None
                 return result
 
             return cast(Callable[P, R | None], run_async)
@@ -80,10 +104,13 @@ def singleton(name: str, timeout: float | str, wait: bool = False,
                 return None
             try:
                 result = func(*args, **kwargs)
-            except BaseException:
-                held.__exit__(*sys.exc_info())
+            except BaseException as exc:
+                held.__exit__(type(exc), exc, exc.__traceback__)
                 raise
-            held.__exit__(None, None, None)
+            try:
+                held.__exit__(None, None, None)
+            except LeaseLost as exc:
+                raise _lease_lost(what, exc, result) from None
             return result
 
         return run
@@ -100,11 +127,13 @@ class _Once:
         self.keys = keys
         self.token = secrets.token_hex(16)
         self.lease_ms = lease_ms
+        self.sent_at = 0.0
         self.must_run = False
         self.result: Any = None
         self.done = False
 
     def args(self) -> list[str | int]:
+        self.sent_at = time.monotonic()
         return [self.token, self.lease_ms]
 
     def read(self, reply: list[Any]) -> float | None:
@@ -118,9 +147,26 @@ class _Once:
         pttl = int(value)
         return math.inf if pttl == -1 else max(pttl, 0) / 1000
 
+    def lease(self) -> Lease:
+        return Lease(self.keys.base, self.token, self.lease_ms / 1000, self.sent_at)
+
     def finish_args(self, outcome: str, result: Any, ttl_ms: int) -> list[str | int | bytes]:
         blob = pickle.dumps(result) if outcome == "done" else b""
         return [self.token, outcome, blob, ttl_ms, self.keys.channel]
+
+    def finished(self, reply: Any, outcome: str, result: Any) -> None:
+        """Read once_finish's reply: raise LeaseLost when another run took the key over."""
+        what = f"run_once {self.keys.base}"
+        code = int(reply)
+        if code == 2:
+            logger.warning("%s: the run outlived its lease, but no other run started; its "
+                           "outcome was recorded", what)
+        if code == 0 and outcome == "done":
+            raise _lease_lost(what, LeaseLost(
+                f"{what}: the run outlived its lease and another run took the key over; the "
+                f"handler may have run twice (the other run's record was kept)"), result)
+        if code == 0:
+            logger.error("%s: the failed run had lost its lease to another run", what)
 
 
 def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
@@ -130,9 +176,11 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
     """Make a handler idempotent per key: the first successful run's result is kept for ``ttl``
     and returned by every later call with the same key, without running the handler again.
 
-    ``key`` is a string or a callable given the handler's arguments. ``timeout`` bounds a run
-    (a crashed run frees the key after it). A duplicate arriving mid-run waits for the result
-    (up to ``wait_timeout``), or with ``wait=False`` raises :class:`RunInProgress` at once.
+    ``key`` is a string or a callable given the handler's arguments. ``timeout`` is the running
+    lease, renewed while the handler runs: it bounds how long a crashed run keeps the key. A
+    duplicate arriving mid-run waits for the result (up to ``wait_timeout``), or with
+    ``wait=False`` raises :class:`RunInProgress` at once. A run that lost its lease to another
+    run raises :class:`LeaseLost` (with its result) instead of returning.
     """
     ttl_ms = milliseconds(parse_duration(ttl))
     lease_ms = milliseconds(parse_duration(timeout))
@@ -145,6 +193,10 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
 
     def in_progress(once: _Once) -> RunInProgress:
         return RunInProgress(f"run_once {once.keys.base}: another call is running it")
+
+    def lost(once: _Once) -> Callable[[], None]:
+        return lambda: logger.error("run_once %s: the running lease was lost while the handler "
+                                    "ran", once.keys.base)
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         if iscoroutinefunction(func):
@@ -163,15 +215,23 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
                     raise in_progress(once)
                 if once.done:
                     return once.result
+                renewer = AsyncRenewer(once.lease(), lease_ms / 1000, lost(once))
                 try:
                     result = await async_func(*args, **kwargs)
                 except BaseException:
                     # Also on cancellation: give the key back, in the background if need be.
-                    keep_running(asyncio.get_running_loop().create_task(finish.acall(
-                        keys=[once.keys.base], args=once.finish_args("failed", None, ttl_ms))))
+                    async def give_back() -> None:
+                        await renewer.stop()
+                        reply = await finish.acall(keys=[once.keys.base],
+                                                   args=once.finish_args("failed", None, ttl_ms))
+                        once.finished(reply, "failed", None)
+
+                    keep_running(asyncio.get_running_loop().create_task(give_back()))
                     raise
-                await finish.acall(keys=[once.keys.base],
-                                   args=once.finish_args("done", result, ttl_ms))
+                await renewer.stop()
+                reply = await finish.acall(keys=[once.keys.base],
+                                           args=once.finish_args("done", result, ttl_ms))
+                once.finished(reply, "done", result)
                 return result
 
             return cast(Callable[P, R], run_async)
@@ -189,12 +249,18 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
                 raise in_progress(once)
             if once.done:
                 return cast(R, once.result)
+            renewer = Renewer(once.lease(), lease_ms / 1000, lost(once), once.keys.base)
             try:
                 result = func(*args, **kwargs)
             except BaseException:
-                finish(keys=[once.keys.base], args=once.finish_args("failed", None, ttl_ms))
+                renewer.stop()
+                once.finished(finish(keys=[once.keys.base],
+                                     args=once.finish_args("failed", None, ttl_ms)),
+                              "failed", None)
                 raise
-            finish(keys=[once.keys.base], args=once.finish_args("done", result, ttl_ms))
+            renewer.stop()
+            once.finished(finish(keys=[once.keys.base],
+                                 args=once.finish_args("done", result, ttl_ms)), "done", result)
             return result
 
         return run
@@ -213,11 +279,14 @@ class _Flight:
     def __init__(self, cache_key: str, lock_timeout: float | str) -> None:
         self.keys = keys_for("flight", cache_key)
         self.token = secrets.token_hex(16)
-        self.lease_ms = milliseconds(parse_duration(lock_timeout))
+        self.lease_seconds = parse_duration(lock_timeout)
+        self.lease_ms = milliseconds(self.lease_seconds)
+        self.sent_at = 0.0
         self.must_build = False
         self.value: Any = None
 
     def begin_call(self) -> tuple[list[str], list[str | int]]:
+        self.sent_at = time.monotonic()
         return [self.keys.base, self.keys.sub("building")], [self.token, self.lease_ms]
 
     def read(self, reply: list[Any]) -> float | None:
@@ -231,6 +300,13 @@ class _Flight:
         self.must_build = True
         return None
 
+    def lease(self) -> Lease:
+        return Lease(self.keys.sub("building"), self.token, self.lease_seconds, self.sent_at)
+
+    def lost(self) -> None:
+        logger.error("single_flight %s: the build lease was lost while building; another "
+                     "caller may build at the same time", self.keys.base)
+
     def finish_call(self, outcome: str, value: Any, ttl: float | str,
                     stale_ttl: float | str) -> tuple[list[str], list[str | int | bytes]]:
         blob = pickle.dumps(value) if outcome == "store" else b""
@@ -239,17 +315,25 @@ class _Flight:
         return [self.keys.base, self.keys.sub("building")], [
             self.token, outcome, blob, ttl_ms, stale_ms, self.keys.channel]
 
+    def finished(self, reply: Any, outcome: str) -> None:
+        if int(reply) == 0:
+            logger.warning("single_flight %s: the build outlived its lease and another caller "
+                           "took it over; this build's %s was not stored", self.keys.base,
+                           "value" if outcome == "store" else "failure")
+
 
 def single_flight(cache_key: str, build: Callable[[], R], ttl: float | str = 300,
                   lock_timeout: float | str = 10, stale_ttl: float | str = 0) -> R:
     """The value cached under ``cache_key``; on a miss exactly one caller runs ``build`` and the
-    others wait for its value (up to ``lock_timeout``, then one of them builds). With
-    ``stale_ttl``, the old value is kept that much longer and served while a rebuild runs."""
+    others wait for its value. ``lock_timeout`` is the build lease, renewed while ``build`` runs:
+    it bounds how long a crashed builder keeps the others waiting. With ``stale_ttl``, the old
+    value is kept that much longer and served while a rebuild runs. A builder that lost its
+    lease returns its value without storing it over a newer one (and logs it)."""
     flight = _Flight(cache_key, lock_timeout)
     begin = get_script("django_redislua.flight_begin")
-    keys, args = flight.begin_call()
 
     def attempt() -> float | None:
+        keys, args = flight.begin_call()
         return flight.read(begin(keys=keys, args=args))
 
     if attempt() is not None:
@@ -257,14 +341,17 @@ def single_flight(cache_key: str, build: Callable[[], R], ttl: float | str = 300
     if not flight.must_build:
         return cast(R, flight.value)
     finish = get_script("django_redislua.flight_finish")
+    renewer = Renewer(flight.lease(), flight.lease_seconds, flight.lost, flight.keys.base)
     try:
         value = build()
     except BaseException:
+        renewer.stop()
         done_keys, done_args = flight.finish_call("failed", None, ttl, stale_ttl)
-        finish(keys=done_keys, args=done_args)
+        flight.finished(finish(keys=done_keys, args=done_args), "failed")
         raise
+    renewer.stop()
     done_keys, done_args = flight.finish_call("store", value, ttl, stale_ttl)
-    finish(keys=done_keys, args=done_args)
+    flight.finished(finish(keys=done_keys, args=done_args), "store")
     return value
 
 
@@ -274,9 +361,9 @@ async def asingle_flight(cache_key: str, build: Callable[[], Awaitable[R]],
     """The asyncio twin of :func:`single_flight`, for an async ``build``."""
     flight = _Flight(cache_key, lock_timeout)
     begin = get_script("django_redislua.flight_begin")
-    keys, args = flight.begin_call()
 
     async def attempt() -> float | None:
+        keys, args = flight.begin_call()
         return flight.read(await begin.acall(keys=keys, args=args))
 
     if await attempt() is not None:
@@ -284,13 +371,18 @@ async def asingle_flight(cache_key: str, build: Callable[[], Awaitable[R]],
     if not flight.must_build:
         return cast(R, flight.value)
     finish = get_script("django_redislua.flight_finish")
+    renewer = AsyncRenewer(flight.lease(), flight.lease_seconds, flight.lost)
     try:
         value = await build()
     except BaseException:
-        done_keys, done_args = flight.finish_call("failed", None, ttl, stale_ttl)
-        keep_running(asyncio.get_running_loop().create_task(
-            finish.acall(keys=done_keys, args=done_args)))
+        async def give_back() -> None:
+            await renewer.stop()
+            done_keys, done_args = flight.finish_call("failed", None, ttl, stale_ttl)
+            flight.finished(await finish.acall(keys=done_keys, args=done_args), "failed")
+
+        keep_running(asyncio.get_running_loop().create_task(give_back()))
         raise
+    await renewer.stop()
     done_keys, done_args = flight.finish_call("store", value, ttl, stale_ttl)
-    await finish.acall(keys=done_keys, args=done_args)
+    flight.finished(await finish.acall(keys=done_keys, args=done_args), "store")
     return value

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import redis
 from redis.cluster import RedisCluster
 
+from django_redislua.conf import settings
 from django_redislua.connection import get_client, primary_nodes
 from django_redislua.locks.keys import keys_for, scan_pattern
+from django_redislua.locks.lease import milliseconds
 from django_redislua.scripts import get_script
 
 _FIELDS = ("owner", "token", "count", "name")
@@ -106,7 +108,10 @@ def get_lock(name: str) -> LockInfo | None:
 
 
 def force_release(name: str) -> bool:
-    """Delete the lock ``name`` whoever holds it and wake its waiters; True if it was held."""
+    """Free the lock ``name`` whoever holds it (the first live waiter is offered it, or every
+    waiter woken); True if it was held."""
     keys = keys_for("lock", name)
     script = get_script("django_redislua.lock_force_release")
-    return bool(script(keys=[keys.base], args=[keys.channel], client=get_client()))
+    window_ms = milliseconds(settings.LOCK_CLAIM_WINDOW)
+    return bool(script(keys=[keys.base, keys.sub("fence"), keys.sub("queue"), keys.sub("stale")],
+                       args=[keys.channel, name, window_ms], client=get_client()))

@@ -1,36 +1,47 @@
 """``Lock``: a fenced, owner-checked, optionally reentrant and self-renewing distributed lock.
 
-Acquire is one script: SET NX PX semantics on a hash that also records the owner, a re-entry
-count and a fencing token taken from a per-name counter that never goes back. The owner token is
-128 random bits held by the Lock object, so any thread or coroutine holding the object may
-release it, and nobody else can. Waiters are woken by the release (see ``waiting``).
+Each operation is one script on the lock's hash {owner, wait, count, token, name}. The owner
+token is 128 random bits held by the Lock object, so any thread or coroutine holding the object
+may release it, and nobody else can. Fencing tokens come from ``max(last token + 1, server clock
+in microseconds)``: strictly increasing for a name even after Redis lost its data.
 
-A blocked waiter queues itself (in the retry it makes once subscribed), and a full release hands
-the lock straight to the queued waiter whose registration expires first, announcing
-``granted <owner> <token>``: that waiter owns the lock on reading the message, with no acquire
-round trip between release and hand-off. A ``granted`` mark in the lock hash means a hand-off is
-never lost: the heir's next retry, or its withdrawal at its timeout, finds it.
+Waiting is first come, first served. Every acquire call is a *wait* with its own id; a waiter
+subscribes to the lock's channel (see ``waiting``), then queues itself by arrival. A full release
+offers the lock to the first live waiter as a *claim*: the lock hash names that wait and expires
+after the claim window (``LOCK_CLAIM_WINDOW``, 1 s), and ``granted <wait> <token> <window ms>``
+is published. The heir confirms with one more call (its lease starts then); a heir that died, is
+stopped or left never confirms, and when the window runs out the other waiters, woken by their
+timers, retry and the first one back takes the lock. A grant belongs to one wait, never to the
+Lock object, so no other acquire can use it. Every way out of a wait (timeout, exception,
+cancellation, KeyboardInterrupt) withdraws it.
+
+The protocol of one wait (what each call sends and each reply or message means) is written once,
+in ``_Wait``; ``acquire`` and ``aacquire`` only drive it, so sync and asyncio cannot drift.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import logging
 import math
 import secrets
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction
-from redis.exceptions import RedisError
 
+from django_redislua.conf import settings
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import keys_for
+from django_redislua.locks.lease import AsyncRenewer, Lease, Renewer, milliseconds
 from django_redislua.locks.waiting import LONGEST_SLEEP, await_until, wait_until
 from django_redislua.scripts import get_script
+
+logger = logging.getLogger("django_redislua.locks")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -79,6 +90,17 @@ class LockNotAcquired(LockError):
     """``with Lock(...)`` (or the decorator) could not acquire within ``blocking_timeout``."""
 
 
+class LeaseLost(LockNotOwned):
+    """The lease ran out, or was taken, while the code it protected ran: another holder may have
+    run at the same time. Raised on leaving ``with``, by ``release``/``extend``, by
+    ``singleton`` and by ``run_once``; ``result`` is what the protected code returned, if it
+    finished."""
+
+    def __init__(self, message: str, result: Any = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
 class LockUnavailable(LockError):
     """Redis failed while locking (down, timed out, refused the credentials, no cluster node):
     never a bare redis-py error. The lock's state is unknown; the lease ends by itself."""
@@ -118,9 +140,58 @@ def parse_wait(value: float | str | None) -> float | None:
     return parse_duration(value)
 
 
-def milliseconds(seconds: float) -> int:
-    """Whole milliseconds, rounded up, at least 1 (Redis TTLs are whole and a 0 TTL deletes)."""
-    return max(1, math.ceil(seconds * 1000))
+Reply = list[Any]
+
+
+class _Wait:
+    """One acquire call of one Lock: its id, its deadline, and the protocol of its script calls
+    and wake-up messages, without I/O (the sync and asyncio drivers below share it)."""
+
+    def __init__(self, lock: Lock, limit: float | None) -> None:
+        self.lock = lock
+        self.id = secrets.token_hex(8)
+        self.deadline = None if limit is None else time.monotonic() + limit
+        self.sent_at = 0.0
+        self.inflight: asyncio.Future[Any] | None = None  # asyncio: the script call under way
+
+    def _stay_ms(self) -> int:
+        """How long a queued registration lasts: until the waiter's next retry at the latest
+        (it sleeps at most LONGEST_SLEEP, or until its deadline), with a second's margin."""
+        left = LONGEST_SLEEP if self.deadline is None else min(
+            self.deadline - time.monotonic(), LONGEST_SLEEP)
+        return milliseconds(max(left, 0.0) + 1.0)
+
+    def attempt(self, queued: bool) -> tuple[list[str], list[str | int]]:
+        """Try to take (or confirm) the lock; ``queued``: subscribed, so stay queued if held."""
+        lock = self.lock
+        self.sent_at = time.monotonic()
+        return lock._keys4, [lock.owner, self.id, lock._lease_ms, "1" if lock.reentrant else "0",
+                             lock.name, self._stay_ms() if queued else 0, lock.keys.channel,
+                             lock._window_ms()]
+
+    def took(self, reply: Reply) -> float | None:
+        """None when acquired (the Lock records it), else seconds until the lock may change
+        hands on its own (a lease or a claim running out; math.inf: only a message will tell)."""
+        acquired, value, count = (int(x) for x in reply)
+        if acquired:
+            self.lock._held(value, count, self.sent_at)
+            return None
+        return math.inf if value == -1 else max(value, 0) / 1000
+
+    def on_message(self, data: str) -> bool | float | None:
+        """None: try now (the lock was freed, or handed to this wait: confirm it). Seconds: it
+        was handed to another wait; sleep at most until that claim would run out unconfirmed."""
+        word, *rest = data.split(" ")
+        if word == "granted" and len(rest) == 3 and rest[0] != self.id:
+            return int(rest[2]) / 1000
+        return None
+
+    def withdraw(self, mode: str) -> tuple[list[str], list[str | int]]:
+        """Leave the queue; a hand-off made to this wait meanwhile is taken or given on."""
+        lock = self.lock
+        self.sent_at = time.monotonic()
+        return lock._keys4, [lock.owner, self.id, lock._lease_ms, mode, lock.keys.channel,
+                             lock.name, lock._window_ms()]
 
 
 class Lock:
@@ -134,6 +205,7 @@ class Lock:
         blocking_timeout: float | str | None = None,
         reentrant: bool = False,
         auto_renew: bool = False,
+        on_lost: Callable[[Lock], object] | None = None,
     ) -> None:
         self.name = name
         self.timeout = parse_duration(timeout)
@@ -141,16 +213,18 @@ class Lock:
         self.blocking_timeout = parse_wait(blocking_timeout)
         self.reentrant = reentrant
         self.auto_renew = auto_renew
+        self.on_lost = on_lost
         self.owner = secrets.token_hex(16)
         self.token: int | None = None
         """The fencing token of the current (or last) acquisition."""
-        self.lost = False
-        """True once auto-renewal failed: the lease may have passed to someone else."""
         self.keys = keys_for("lock", name)
+        self._keys4 = [self.keys.base, self.keys.sub("fence"), self.keys.sub("queue"),
+                       self.keys.sub("stale")]
+        self._lease_ms = milliseconds(self.timeout)
+        self._lease = Lease(self.keys.base, self.owner, 0.0, 0.0)
         self._depth = 0  # re-entries held, as last reported by Redis
-        self._stop_renewing: threading.Event | None = None
-        self._renewer: threading.Thread | None = None
-        self._renew_task: asyncio.Task[None] | None = None
+        self._lost = False
+        self._renewer: Renewer | AsyncRenewer | None = None
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r} timeout={self.timeout}s token={self.token}>"
@@ -158,77 +232,68 @@ class Lock:
     def copy(self) -> Lock:
         """A new Lock of the same name and options, with its own owner token."""
         return Lock(self.name, self.timeout, self.blocking, self.blocking_timeout,
-                    self.reentrant, self.auto_renew)
+                    self.reentrant, self.auto_renew, self.on_lost)
 
-    # -- script plumbing, shared by the sync and async paths ---------------------------------
+    @property
+    def lost(self) -> bool:
+        """True when this object believes it holds the lock but its lease has (or may have) run
+        out: renewal failed until the lease's end, Redis said it is someone else's, or the lease
+        passed on this process's clock (a pause, no renewal). False again after a release or a
+        new acquisition."""
+        return self._lost or (self._depth > 0 and self._lease.expired)
 
-    def _member(self, owner: str) -> str:
-        """This waiter's entry in the lock's queue (its owner token and the lease it asks for)."""
-        return f"{owner}:{milliseconds(self.timeout)}"
-
-    def _acquire_call(self, stay_ms: int = 0) -> tuple[list[str], list[str | int]]:
-        return (
-            [self.keys.base, self.keys.sub("fence"), self.keys.sub("queue")],
-            [self.owner, milliseconds(self.timeout), "1" if self.reentrant else "0", self.name,
-             stay_ms],
-        )
+    # -- state shared by both drivers ----------------------------------------------------------
 
     @staticmethod
-    def _stay_ms(deadline: float | None) -> int:
-        """How long a queued registration lasts: until the waiter's next retry, at the latest
-        (it sleeps at most LONGEST_SLEEP) or its deadline, with a second's margin."""
-        wait = LONGEST_SLEEP if deadline is None else min(deadline - time.monotonic(),
-                                                          LONGEST_SLEEP)
-        return milliseconds(max(wait, 0.0) + 1.0)
+    def _window_ms() -> int:
+        return milliseconds(settings.LOCK_CLAIM_WINDOW)
 
-    def _on_message(self, data: str) -> bool | None:
-        """A wake-up message: the lock handed to us (True), to another waiter (False), or free."""
-        if not data.startswith("granted "):
-            return None
-        _word, heir, token = data.split(" ", 2)
-        if heir != self.owner:
-            return False
-        self.token, self._depth, self.lost = int(token), 1, False
-        return True
+    def _held(self, token: int, depth: int, sent_at: float) -> None:
+        self.token, self._depth, self._lost = token, depth, False
+        self._lease.deadline = sent_at + self.timeout
 
-    def _withdraw_call(self) -> tuple[list[str], list[str]]:
-        return [self.keys.base, self.keys.sub("queue")], [self.owner, self._member(self.owner)]
+    def _release_call(self, mode: str, token: int | None = None
+                      ) -> tuple[list[str], list[str | int]]:
+        return self._keys4, [self.owner, mode, self.keys.channel, self.name, self._window_ms(),
+                             "" if token is None else token]
 
-    def _took(self, reply: list[int]) -> float | None:
-        """None when acquired (records token and depth), else seconds until the lease ends."""
-        acquired, value, count = (int(x) for x in reply)
-        if acquired:
-            self.token, self._depth, self.lost = value, count, False
-            return None
-        return math.inf if value == -1 else max(value, 0) / 1000
+    def _released(self, left: int) -> None:
+        """Record a release's reply; raises when the lock was not ours any more."""
+        if left >= 0:
+            self._depth = left
+            return
+        believed_held, self._depth = self._depth > 0, 0
+        raise self._not_owned("release", believed_held)
 
-    def _release_call(self, owner: str, mode: str) -> tuple[list[str], list[str]]:
-        return (
-            [self.keys.base, self.keys.sub("fence"), self.keys.sub("queue")],
-            [owner, mode, self.keys.channel, self.name, self._member(owner)],
-        )
-
-    def _extend_args(self, additional_time: float | str, replace_ttl: bool) -> list[str | int]:
-        return [self.owner, milliseconds(parse_duration(additional_time)),
-                "replace" if replace_ttl else "add"]
-
-    def _not_owned(self, action: str) -> LockNotOwned:
+    def _not_owned(self, action: str, believed_held: bool) -> LockNotOwned:
+        if believed_held:
+            self._lost = True
+            return LeaseLost(f"cannot {action} lock {self.name!r}: its lease ran out or it was "
+                             f"taken while this owner held it (token {self.token})")
         return LockNotOwned(f"cannot {action} lock {self.name!r}: not held by this owner "
                             f"(it expired, was force-released, or is held by someone else)")
 
-    # -- sync --------------------------------------------------------------------------------
+    def _renewal_lost(self) -> None:
+        """Called by the renewer when the lease ran out unrenewed or was taken."""
+        self._lost = True
+        logger.error("lock %r (token %s): lease lost while held; another holder may run now",
+                     self.name, self.token)
+        if self.on_lost is not None:
+            self.on_lost(self)
 
-    def _attempt(self, stay_ms: int = 0) -> float | None:
-        keys, args = self._acquire_call(stay_ms)
-        return self._took(get_script("django_redislua.lock_acquire")(keys=keys, args=args))
+    # -- sync ----------------------------------------------------------------------------------
 
-    def _wait(self, limit: float | None) -> bool:
-        deadline = None if limit is None else time.monotonic() + limit
-        if wait_until(self.keys.channel, lambda: self._attempt(self._stay_ms(deadline)), limit,
-                      self._on_message):
-            return True
-        keys, args = self._withdraw_call()
-        return self._took(get_script("django_redislua.lock_withdraw")(keys=keys, args=args)) is None
+    def _withdraw(self, wait: _Wait, mode: str) -> bool:
+        keys, args = wait.withdraw(mode)
+        return wait.took(get_script("django_redislua.lock_withdraw")(keys=keys, args=args)) is None
+
+    def _withdraw_quietly(self, wait: _Wait) -> None:
+        """After an interrupted acquire: give back whatever this wait may hold (best effort;
+        if Redis is unreachable the claim or lease runs out by itself)."""
+        from django_redislua.connection import CLIENT_ERRORS
+
+        with contextlib.suppress(*CLIENT_ERRORS):
+            self._withdraw(wait, "give")
 
     @redis_failures_as_lock_errors
     def acquire(self, blocking: bool | None = None,
@@ -236,36 +301,52 @@ class Lock:
         """Take the lock; True when held. Waits (woken on release) unless non-blocking."""
         blocking = self.blocking if blocking is None else blocking
         limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
-        if self._attempt() is not None and (not blocking or not self._wait(limit)):
-            return False
-        if self.auto_renew and self._depth == 1:
-            self._start_renewer()
+        wait = _Wait(self, limit)
+        script = get_script("django_redislua.lock_acquire")
+
+        def attempt(queued: bool) -> float | None:
+            keys, args = wait.attempt(queued)
+            return wait.took(script(keys=keys, args=args))
+
+        try:
+            if attempt(False) is not None and not (
+                blocking and (wait_until(self.keys.channel, lambda: attempt(True), limit,
+                                         wait.on_message)
+                              or self._withdraw(wait, "take"))
+            ):
+                return False
+        except BaseException:
+            self._withdraw_quietly(wait)
+            raise
+        if self.auto_renew and self._depth == 1 and self._renewer is None:
+            self._renewer = Renewer(self._lease, self.timeout, self._renewal_lost, self.name)
         return True
+
+    def _stop_renewing(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if isinstance(renewer, Renewer):
+            renewer.stop()
 
     @redis_failures_as_lock_errors
     def release(self) -> None:
-        """Release one hold (the last re-entry frees it and wakes a waiter); owner-checked."""
-        keys, args = self._release_call(self.owner, "one" if self.reentrant else "all")
-        left = int(get_script("django_redislua.lock_release")(keys=keys, args=args))
-        if left < 0:
-            self._depth = 0
-            self._halt_renewer()
-            raise self._not_owned("release")
-        self._depth = left
-        if left == 0:
-            self._halt_renewer()
-            self.lost = False  # it was ours until now; a renewal racing the release is no loss
+        """Release one hold (the last re-entry frees it and offers it to the next waiter);
+        owner-checked: LockNotOwned (LeaseLost if this object held it) when not ours."""
+        keys, args = self._release_call("one" if self.reentrant else "all")
+        try:
+            self._released(int(get_script("django_redislua.lock_release")(keys=keys, args=args)))
+        finally:
+            if self._depth == 0:
+                self._stop_renewing()
 
     @redis_failures_as_lock_errors
     def extend(self, additional_time: float | str, replace_ttl: bool = False) -> None:
         """Add ``additional_time`` to the lease (or make it the lease); owner-checked."""
-        args = self._extend_args(additional_time, replace_ttl)
-        if int(get_script("django_redislua.lock_extend")(keys=[self.keys.base], args=args)) < 0:
-            raise self._not_owned("extend")
+        if not self._lease.extend(parse_duration(additional_time), replace=replace_ttl):
+            raise self._not_owned("extend", self._depth > 0)
 
     @redis_failures_as_lock_errors
     def locked(self) -> bool:
-        """Whether anyone holds the lock now."""
+        """Whether anyone holds the lock now (an unconfirmed hand-off counts)."""
         from django_redislua.connection import get_client
 
         return bool(get_client().exists(self.keys.base))
@@ -275,33 +356,8 @@ class Lock:
         """Whether this Lock object's owner holds the lock now."""
         from django_redislua.connection import get_client
 
-        owner = get_client().hget(self.keys.base, "owner")
-        return owner is not None and _text(owner) == self.owner
-
-    def _start_renewer(self) -> None:
-        stop = threading.Event()
-        self._stop_renewing = stop
-        self._renewer = threading.Thread(
-            target=self._renew, args=(stop,), name=f"redislua-renew:{self.name}", daemon=True
-        )
-        self._renewer.start()
-
-    def _renew(self, stop: threading.Event) -> None:
-        while not stop.wait(self.timeout / 3):
-            try:
-                self.extend(self.timeout, replace_ttl=True)
-            except (LockNotOwned, RedisError):
-                if not stop.is_set():
-                    self.lost = True
-                return
-
-    def _halt_renewer(self) -> None:
-        stop, renewer = self._stop_renewing, self._renewer
-        self._stop_renewing = self._renewer = None
-        if stop is not None:
-            stop.set()
-        if renewer is not None and renewer is not threading.current_thread():
-            renewer.join()
+        owner, claim = get_client().hmget(self.keys.base, ["owner", "claim"])
+        return owner is not None and claim is None and _text(owner) == self.owner
 
     def __enter__(self) -> Lock:
         if not self.acquire():
@@ -317,72 +373,87 @@ class Lock:
             if exc is None:
                 raise  # the body ran without the lock's protection at its end: say so
 
-    # -- asyncio -----------------------------------------------------------------------------
+    # -- asyncio -------------------------------------------------------------------------------
 
-    async def _aattempt(self, stay_ms: int = 0) -> float | None:
-        keys, args = self._acquire_call(stay_ms)
-        return self._took(await get_script("django_redislua.lock_acquire").acall(keys=keys,
-                                                                                  args=args))
+    async def _acall(self, wait: _Wait, name: str, keys: list[str],
+                     args: list[str | int]) -> Reply:
+        """One script call of ``wait``, shielded: a cancellation leaves it running, so the
+        clean-up (``_aundo``) can read what it did."""
+        wait.inflight = asyncio.ensure_future(get_script(name).acall(keys=keys, args=args))
+        reply: Reply = await asyncio.shield(wait.inflight)
+        return reply
 
-    async def _await(self, limit: float | None) -> bool:
-        deadline = None if limit is None else time.monotonic() + limit
-        if await await_until(self.keys.channel,
-                             lambda: self._aattempt(self._stay_ms(deadline)), limit,
-                             self._on_message):
-            return True
-        keys, args = self._withdraw_call()
-        script = get_script("django_redislua.lock_withdraw")
-        return self._took(await script.acall(keys=keys, args=args)) is None
+    async def _aundo(self, wait: _Wait) -> None:
+        """Clean up after an interrupted ``aacquire``: let its last call finish, give back a
+        re-entry it made (by token, so a later acquisition is never hit), then withdraw the
+        wait, which frees a lock or claim the wait itself took."""
+        reply: Reply | None = None
+        if wait.inflight is not None:
+            try:
+                reply = await wait.inflight
+            except Exception:
+                reply = None
+        if reply is not None and int(reply[0]) == 1 and int(reply[2]) > 1:
+            keys, args = self._release_call("one", int(reply[1]))
+            await get_script("django_redislua.lock_release").acall(keys=keys, args=args)
+        keys, args = wait.withdraw("give")
+        await get_script("django_redislua.lock_withdraw").acall(keys=keys, args=args)
 
     @redis_failures_as_lock_errors
     async def aacquire(self, blocking: bool | None = None,
                        blocking_timeout: float | str | None = None) -> bool:
-        """The asyncio twin of :meth:`acquire`. Cancelled mid-way, it leaves the lock free."""
+        """The asyncio twin of :meth:`acquire`. Cancelled at any point, it leaves nothing held
+        and nobody queued (the clean-up finishes in the background)."""
         blocking = self.blocking if blocking is None else blocking
         limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
-        held_before = self._depth
+        wait = _Wait(self, limit)
+
+        async def attempt(queued: bool) -> float | None:
+            keys, args = wait.attempt(queued)
+            return wait.took(await self._acall(wait, "django_redislua.lock_acquire", keys, args))
+
+        async def withdraw() -> bool:
+            keys, args = wait.withdraw("take")
+            reply = await self._acall(wait, "django_redislua.lock_withdraw", keys, args)
+            return wait.took(reply) is None
+
         try:
-            if await self._aattempt() is not None and (
-                not blocking or not await self._await(limit)
+            if await attempt(False) is not None and not (
+                blocking and (await await_until(self.keys.channel, lambda: attempt(True), limit,
+                                                wait.on_message)
+                              or await withdraw())
             ):
                 return False
-        except asyncio.CancelledError:
-            if held_before == 0:
-                self._abandon()
+        except BaseException:
+            keep_running(asyncio.get_running_loop().create_task(self._aundo(wait)))
             raise
-        if self.auto_renew and self._depth == 1:
-            self._renew_task = asyncio.get_running_loop().create_task(self._arenew())
+        if self.auto_renew and self._depth == 1 and self._renewer is None:
+            self._renewer = AsyncRenewer(self._lease, self.timeout, self._renewal_lost)
         return True
 
-    def _abandon(self) -> None:
-        """After a cancelled acquire: the script may have run, so release whatever the old owner
-        token holds, in the background, and take a fresh token so a retry cannot be hit by it."""
-        keys, args = self._release_call(self.owner, "all")
-        self.owner, self._depth = secrets.token_hex(16), 0
-        script = get_script("django_redislua.lock_release")
-        keep_running(asyncio.get_running_loop().create_task(script.acall(keys=keys, args=args)))
+    async def _astop_renewing(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if isinstance(renewer, AsyncRenewer):
+            await renewer.stop()
+        elif isinstance(renewer, Renewer):
+            renewer.stop()
 
     @redis_failures_as_lock_errors
     async def arelease(self) -> None:
         """The asyncio twin of :meth:`release`."""
-        keys, args = self._release_call(self.owner, "one" if self.reentrant else "all")
-        left = int(await get_script("django_redislua.lock_release").acall(keys=keys, args=args))
-        if left < 0:
-            self._depth = 0
-            await self._ahalt_renewer()
-            raise self._not_owned("release")
-        self._depth = left
-        if left == 0:
-            await self._ahalt_renewer()
-            self.lost = False
+        keys, args = self._release_call("one" if self.reentrant else "all")
+        try:
+            self._released(int(await get_script("django_redislua.lock_release").acall(
+                keys=keys, args=args)))
+        finally:
+            if self._depth == 0:
+                await self._astop_renewing()
 
     @redis_failures_as_lock_errors
     async def aextend(self, additional_time: float | str, replace_ttl: bool = False) -> None:
         """The asyncio twin of :meth:`extend`."""
-        args = self._extend_args(additional_time, replace_ttl)
-        script = get_script("django_redislua.lock_extend")
-        if int(await script.acall(keys=[self.keys.base], args=args)) < 0:
-            raise self._not_owned("extend")
+        if not await self._lease.aextend(parse_duration(additional_time), replace=replace_ttl):
+            raise self._not_owned("extend", self._depth > 0)
 
     @redis_failures_as_lock_errors
     async def alocked(self) -> bool:
@@ -394,23 +465,8 @@ class Lock:
     async def aowned(self) -> bool:
         from django_redislua.connection import get_async_client
 
-        owner = await get_async_client().hget(self.keys.base, "owner")
-        return owner is not None and _text(owner) == self.owner
-
-    async def _arenew(self) -> None:
-        while True:
-            await asyncio.sleep(self.timeout / 3)
-            try:
-                await self.aextend(self.timeout, replace_ttl=True)
-            except (LockNotOwned, RedisError):
-                self.lost = True
-                return
-
-    async def _ahalt_renewer(self) -> None:
-        task, self._renew_task = self._renew_task, None
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            await asyncio.wait([task])
+        owner, claim = await get_async_client().hmget(self.keys.base, ["owner", "claim"])
+        return owner is not None and claim is None and _text(owner) == self.owner
 
     async def __aenter__(self) -> Lock:
         if not await self.aacquire():
@@ -422,7 +478,7 @@ class Lock:
                         tb: TracebackType | None) -> None:
         await release_shielded(self.arelease(), exc is not None)
 
-    # -- decorator ---------------------------------------------------------------------------
+    # -- decorator -----------------------------------------------------------------------------
 
     def __call__(self, func: Callable[P, R]) -> Callable[P, R]:
         """Decorate a function (sync or async): each call runs holding a fresh copy of the lock."""
@@ -446,5 +502,3 @@ class Lock:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-

@@ -7,9 +7,9 @@ The subscription is confirmed by the server before the retry, so a release betwe
 try and the subscription cannot be missed. A thread keeps its pub/sub connection from one wait to
 the next (subscribing and unsubscribing per wait), so waiting costs no new connection.
 
-A caller may read the messages itself (``on_message``): a lock's release hands the lock to a
-queued waiter and says so on the channel, so that waiter is done on reading the message, with no
-further round trip, and the others know not to try.
+A caller may read the messages itself (``on_message``): a lock's release offers the lock to one
+queued waiter and says so on the channel, so that waiter confirms at once and the others sleep
+only until the offer would run out unconfirmed.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from django_redislua.connection import get_async_client, get_client
 Attempt = Callable[[], "float | None"]
 AsyncAttempt = Callable[[], Awaitable["float | None"]]
 # Reads a wake-up message: True = the wait succeeded (nothing more to do), False = not for us
-# (keep sleeping), None = try again now.
-OnMessage = Callable[[str], "bool | None"]
+# (keep sleeping), a number = not for us, but sleep at most that many seconds more, None = try
+# again now.
+OnMessage = Callable[[str], "bool | float | None"]
 
 # How long to wait for the server to confirm SUBSCRIBE before trying anyway.
 _SUBSCRIBE_CONFIRM = 1.0
@@ -48,6 +49,14 @@ def _bounded(wait: float, deadline: float | None) -> float:
     return min(max(wait, 0.0), LONGEST_SLEEP)
 
 
+def _woken(verdict: bool | float | str, wake_at: float, deadline: float | None) -> float:
+    """When to try next after a message that was not for us: unchanged, or (a number) at most
+    that many seconds from now."""
+    if isinstance(verdict, (bool, str)):
+        return wake_at
+    return min(wake_at, time.monotonic() + max(_bounded(verdict, deadline), 0.0))
+
+
 def _is(message: Any, kind: str, channel: str) -> bool:
     """A pub/sub message of type ``kind`` on ``channel`` (a kept connection may still deliver
     what was sent to a channel of an earlier wait)."""
@@ -57,7 +66,8 @@ def _is(message: Any, kind: str, channel: str) -> bool:
     return (name.decode() if isinstance(name, bytes) else name) == channel
 
 
-def _verdict(message: Any, channel: str, on_message: OnMessage | None) -> bool | str | None:
+def _verdict(message: Any, channel: str,
+             on_message: OnMessage | None) -> bool | float | str | None:
     """"sleep" for no message; else what ``on_message`` makes of it (None: retry)."""
     if not _is(message, "message", channel):
         return "sleep"
@@ -128,7 +138,10 @@ def _wait(pubsub: Any, channel: str, attempt: Attempt, timeout: float | None,
             verdict = _verdict(pubsub.get_message(timeout=left), channel, on_message)
             if verdict is True:
                 return True
-            if verdict is None or time.monotonic() >= wake_at:
+            if verdict is None:
+                break
+            wake_at = _woken(verdict, wake_at, deadline)
+            if time.monotonic() >= wake_at:
                 break
 
 
@@ -159,7 +172,10 @@ async def await_until(channel: str, attempt: AsyncAttempt, timeout: float | None
                 verdict = _verdict(await pubsub.get_message(timeout=left), channel, on_message)
                 if verdict is True:
                     return True
-                if verdict is None or time.monotonic() >= wake_at:
+                if verdict is None:
+                    break
+                wake_at = _woken(verdict, wake_at, deadline)
+                if time.monotonic() >= wake_at:
                     break
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]

@@ -1,7 +1,8 @@
 -- single_flight: read a cached value, or claim the right to build it (one builder at a time).
 --
 -- KEYS[1]  the cached value: a hash {value, fresh_until (ms, server clock)}.
--- KEYS[2]  the build lease: a string holding the builder's token, expiring after the lease.
+-- KEYS[2]  the build lease: a hash {owner = the builder's token}, expiring after the lease (the
+--          builder renews it while it builds).
 -- ARGV[1]  the caller's token (random, 32 hex characters).
 -- ARGV[2]  the build lease in milliseconds (integer >= 1).
 --
@@ -21,5 +22,6 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   end
   return {3, redis.call('PTTL', KEYS[2])}
 end
-redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+redis.call('HSET', KEYS[2], 'owner', ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return {0, ''}

@@ -1,13 +1,16 @@
--- Extend a lock's lease if, and only if, the caller owns it.
+-- Extend a lease if, and only if, the caller holds it: a lock, a run_once run or a
+-- single_flight build (each a hash whose `owner` field names the holder). A lock hand-off that
+-- its heir has not confirmed yet cannot be extended.
 --
--- KEYS[1]  the lock hash {owner, count, token, name}.
+-- KEYS[1]  the hash {owner, ...[, claim]}.
 -- ARGV[1]  the owner token.
 -- ARGV[2]  milliseconds (integer >= 1).
 -- ARGV[3]  "add": add ARGV[2] to the lease left; "replace": the lease becomes ARGV[2].
 --
--- Returns the new lease in milliseconds, or -1 when the caller does not own the lock.
+-- Returns the new lease in milliseconds, or -1 when the caller does not hold it.
 
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
+local state = redis.call('HMGET', KEYS[1], 'owner', 'claim')
+if state[1] ~= ARGV[1] or state[2] then
   return -1
 end
 local ttl = tonumber(ARGV[2])

@@ -1,23 +1,25 @@
--- Release a lock if, and only if, the caller owns it. When it becomes free, hand it straight to
--- the queued waiter whose registration expires first (new fencing token, that waiter's lease)
--- and tell it so on the channel; with nobody queued, wake the waiters to try again.
+-- Release a lock if, and only if, the caller owns it. When it becomes free, offer it to the
+-- first live queued waiter (a claim it must confirm within the claim window), or, with nobody
+-- queued, wake every waiter.
 --
--- KEYS[1]  the lock hash {owner, count, token, name, granted}.
--- KEYS[2]  the fencing counter of this name.
--- KEYS[3]  the waiter queue (see lock_acquire.lua).
+-- KEYS[1..4]  the lock, its fencing counter, its queue and the queue's stale times
+--             (see lib/lock_queue.lua).
 -- ARGV[1]  the owner token.
 -- ARGV[2]  "one": leave one re-entry (the lock stays held while count > 0); "all": release fully.
--- ARGV[3]  the channel waiters subscribe to (a PUBLISH target, not a key).
+-- ARGV[3]  the wake-up channel (a PUBLISH target, not a key).
 -- ARGV[4]  the lock's name as the application wrote it.
--- ARGV[5]  the caller's own queue member ("<owner>:<TTL ms>"), removed in any case: a waiter
---          that gave up releases through here too.
+-- ARGV[5]  the claim window in milliseconds.
+-- ARGV[6]  a fencing token the lock must still carry, or "" for any: undoing an acquisition
+--          whose reply was lost must not release a later one by the same owner.
 --
--- Publishes "granted <owner> <token>" or "released".
+-- Publishes "granted <wait> <token> <window ms>" or "released".
 -- Returns -1 when the caller does not own the lock (expired, taken, force-released), otherwise
 -- the re-entries still held (0 = released).
 
-redis.call('ZREM', KEYS[3], ARGV[5])
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
+--#include lib/lock_queue.lua
+
+local state = redis.call('HMGET', KEYS[1], 'owner', 'token', 'claim')
+if state[1] ~= ARGV[1] or state[3] or (ARGV[6] ~= '' and state[2] ~= ARGV[6]) then
   return -1
 end
 if ARGV[2] == 'one' then
@@ -26,19 +28,5 @@ if ARGV[2] == 'one' then
     return count
   end
 end
-redis.call('DEL', KEYS[1])
-local t = redis.call('TIME')
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', t[1] * 1000 + math.floor(t[2] / 1000))
-local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-if not first then
-  redis.call('PUBLISH', ARGV[3], 'released')
-  return 0
-end
-redis.call('ZREM', KEYS[3], first)
-local heir, ttl = string.match(first, '^(.*):(%d+)$')
-local token = redis.call('INCR', KEYS[2])
-redis.call('HSET', KEYS[1], 'owner', heir, 'count', 1, 'token', token, 'name', ARGV[4],
-           'granted', 1)
-redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PUBLISH', ARGV[3], 'granted ' .. heir .. ' ' .. token)
+free(now_us(), ARGV[3], ARGV[4], tonumber(ARGV[5]))
 return 0

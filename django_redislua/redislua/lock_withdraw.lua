@@ -1,17 +1,34 @@
--- A waiter gives up (its blocking timeout passed): leave the queue, unless a release handed it
--- the lock in the meantime, in which case it takes the lock after all.
+-- A waiter leaves: its wait ended without the lock (timeout), or it was interrupted (an
+-- exception, a cancellation, KeyboardInterrupt). Either way it leaves the queue. A hand-off
+-- made to this wait meanwhile is taken ("take": the wait ends with the lock after all) or
+-- passed on to the next live waiter ("give": whoever was interrupted will not use it).
 --
--- KEYS[1]  the lock hash {owner, count, token, name, granted}.
--- KEYS[2]  the waiter queue (see lock_acquire.lua).
+-- KEYS[1..4]  the lock, its fencing counter, its queue and the queue's stale times
+--             (see lib/lock_queue.lua).
 -- ARGV[1]  the owner token.
--- ARGV[2]  the caller's queue member ("<owner>:<TTL ms>").
+-- ARGV[2]  the wait id.
+-- ARGV[3]  the lease in milliseconds (as queued).
+-- ARGV[4]  "take" or "give".
+-- ARGV[5]  the wake-up channel (a PUBLISH target, not a key).
+-- ARGV[6]  the lock's name as the application wrote it.
+-- ARGV[7]  the claim window in milliseconds.
 --
--- Returns {1, fencing token, re-entry count} when the lock was handed to the caller, else {0, 0, 0}.
+-- Returns {1, fencing token, re-entry count} when the caller leaves holding the lock, else
+-- {0, 0, 0}.
 
-redis.call('ZREM', KEYS[2], ARGV[2])
-local state = redis.call('HMGET', KEYS[1], 'owner', 'count', 'token', 'granted')
-if state[1] == ARGV[1] and state[4] then
-  redis.call('HDEL', KEYS[1], 'granted')
-  return {1, tonumber(state[3]), tonumber(state[2])}
+--#include lib/lock_queue.lua
+
+leave(ARGV[2] .. ':' .. ARGV[1] .. ':' .. ARGV[3])
+local state = redis.call('HMGET', KEYS[1], 'owner', 'wait', 'count', 'token', 'claim')
+if state[1] ~= ARGV[1] or state[2] ~= ARGV[2] then
+  return {0, 0, 0}
 end
+if ARGV[4] == 'take' then
+  if state[5] then
+    redis.call('HDEL', KEYS[1], 'claim')
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  end
+  return {1, tonumber(state[4]), tonumber(state[3])}
+end
+free(now_us(), ARGV[5], ARGV[6], tonumber(ARGV[7]))
 return {0, 0, 0}

@@ -8,17 +8,24 @@
 -- ARGV[4]  how long the result is kept, in milliseconds (integer >= 1).
 -- ARGV[5]  the channel duplicates subscribe to (a PUBLISH target, not a key).
 --
--- Returns 1, or 0 when the caller's running lease had expired (the record is left alone).
+-- Returns 1 when the caller still held its running lease; 2 when the lease had run out but no
+-- other run started since (a result is then stored all the same: the handler ran once); 0 when
+-- another run took the key over (it is left alone: the handler may have run twice).
 
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
+local state = redis.call('HMGET', KEYS[1], 'state', 'owner')
+local held = state[2] == ARGV[1]
+if not held and state[1] then
   return 0
 end
 if ARGV[2] == 'done' then
+  redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[3])
-  redis.call('HDEL', KEYS[1], 'owner')
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
-else
+elseif held then
   redis.call('DEL', KEYS[1])
 end
 redis.call('PUBLISH', ARGV[5], 'released')
-return 1
+if held then
+  return 1
+end
+return 2

@@ -1,0 +1,153 @@
+"""Leases this process holds, and keeping them alive while the code they protect runs.
+
+A lease is a Redis hash whose ``owner`` field names the holder and which expires: a Lock, a
+``run_once`` run and a ``single_flight`` build each hold one. Locally a :class:`Lease` knows until
+when it surely holds: the moment (monotonic clock) the last call that set its TTL was SENT, plus
+that TTL. The server ran the call later, so its expiry is later still: ``expired`` never reads
+False once the lease has really run out.
+
+A renewer (a daemon thread, or an asyncio task) resets the TTL every third of it. A failed
+renewal is retried with back-off until the lease has run out locally (a Redis pause or a short
+outage loses nothing); only then, or when Redis says the lease is someone else's, is it lost:
+``on_lost`` is called once, and the owner of the lease decides what to say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from django_redislua.scripts import get_script
+
+logger = logging.getLogger("django_redislua.locks")
+
+# The first retry after a failed renewal; each further one waits twice as long (at most a
+# renewal interval, and never past the lease's end).
+FIRST_RETRY = 0.05
+
+
+def milliseconds(seconds: float) -> int:
+    """Whole milliseconds, rounded up, at least 1 (Redis TTLs are whole and a 0 TTL deletes)."""
+    return max(1, -(-int(seconds * 1_000_000) // 1000))
+
+
+class Lease:
+    """The lease on ``key`` held by ``owner``, known to last until ``deadline`` (monotonic)."""
+
+    def __init__(self, key: str, owner: str, seconds: float, sent_at: float) -> None:
+        self.key = key
+        self.owner = owner
+        self.deadline = sent_at + seconds
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def _args(self, seconds: float, replace: bool) -> list[str | int]:
+        return [self.owner, milliseconds(seconds), "replace" if replace else "add"]
+
+    def _read(self, reply: object, sent_at: float) -> bool:
+        ttl_ms = int(reply)  # type: ignore[call-overload]
+        if ttl_ms < 0:
+            return False
+        self.deadline = sent_at + ttl_ms / 1000
+        return True
+
+    def extend(self, seconds: float, replace: bool = True) -> bool:
+        """Make the lease ``seconds`` (or add them); False when it is no longer ours."""
+        sent_at = time.monotonic()
+        reply = get_script("django_redislua.lock_extend")(keys=[self.key],
+                                                         args=self._args(seconds, replace))
+        return self._read(reply, sent_at)
+
+    async def aextend(self, seconds: float, replace: bool = True) -> bool:
+        sent_at = time.monotonic()
+        reply = await get_script("django_redislua.lock_extend").acall(
+            keys=[self.key], args=self._args(seconds, replace))
+        return self._read(reply, sent_at)
+
+
+def next_renewal(lease: Lease, interval: float, failures: int) -> float | None:
+    """Seconds until the next renewal try, or None when the lease has run out (it is lost)."""
+    left = lease.deadline - time.monotonic()
+    if left <= 0:
+        return None
+    if failures == 0:
+        return min(interval, left)
+    retry: float = FIRST_RETRY * 2 ** (failures - 1)
+    return min(retry, interval, left)
+
+
+def _client_errors() -> tuple[type[BaseException], ...]:
+    from django_redislua.connection import CLIENT_ERRORS
+
+    return CLIENT_ERRORS
+
+
+class Renewer:
+    """Keeps ``lease`` at ``seconds`` from a daemon thread until :meth:`stop`; calls ``on_lost``
+    (on that thread) once if it runs out or is taken first."""
+
+    def __init__(self, lease: Lease, seconds: float, on_lost: Callable[[], None],
+                 name: str) -> None:
+        self.lease, self.seconds, self.on_lost = lease, seconds, on_lost
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"redislua-renew:{name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        failures = 0
+        while True:
+            delay = next_renewal(self.lease, self.seconds / 3, failures)
+            if delay is None or self._stop.wait(delay):
+                break
+            try:
+                renewed = self.lease.extend(self.seconds)
+            except _client_errors():
+                failures += 1
+                continue
+            if not renewed:
+                break
+            failures = 0
+        if not self._stop.is_set():
+            self.on_lost()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+class AsyncRenewer:
+    """The asyncio twin of :class:`Renewer`: a task on the running loop."""
+
+    def __init__(self, lease: Lease, seconds: float, on_lost: Callable[[], None]) -> None:
+        self.lease, self.seconds, self.on_lost = lease, seconds, on_lost
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            delay = next_renewal(self.lease, self.seconds / 3, failures)
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
+            try:
+                renewed = await self.lease.aextend(self.seconds)
+            except _client_errors():
+                failures += 1
+                continue
+            if not renewed:
+                break
+            failures = 0
+        self.on_lost()
+
+    async def stop(self) -> None:
+        task = self._task
+        if task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.wait([task])

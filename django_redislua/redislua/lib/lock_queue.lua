@@ -1,0 +1,98 @@
+-- The waiter queue and hand-off of a lock (a fragment: the including script names its KEYS and
+-- ARGV). Every lock script that includes it is called with the same four keys:
+--
+-- KEYS[1]  the lock: a hash {owner, wait, count, token, name[, claim]} expiring with the lease.
+--          `wait` is the id of the acquire call that took it (grants belong to one wait, never
+--          to a Lock object); `claim` marks a hand-off its heir has not confirmed yet, and the
+--          hash then expires after the claim window instead of the lease.
+-- KEYS[2]  the fencing counter: the last token handed out. It expires FENCE_KEEP_MS after the
+--          lease it was taken for; tokens stay increasing without it (see next_token).
+-- KEYS[3]  the queue: a sorted set of waits, member "<wait>:<owner>:<lease ms>", score = arrival
+--          (server clock, microseconds). First come, first served.
+-- KEYS[4]  the same members scored by when the registration goes stale (server clock, ms): a
+--          waiter that died without withdrawing is dropped then, and never handed the lock.
+
+-- How long the fencing counter outlives the lease it was taken for. Within it, tokens stay
+-- increasing even if the server clock steps back; after it, the clock alone orders them.
+local FENCE_KEEP_MS = 600000
+-- Stale registrations dropped per call, at most: no unbounded loop even for a huge queue.
+local PRUNE_LIMIT = 100
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function int(n)
+  return string.format('%d', n)
+end
+
+-- The next fencing token: above the last one while the counter lives, and never below the
+-- server clock in microseconds, so a restart without persistence, a flush or an eviction of
+-- the counter cannot send tokens back (unless the server clock itself goes back).
+local function next_token(now, lease_ms)
+  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+  local token = math.max(last + 1, now)
+  redis.call('SET', KEYS[2], int(token), 'PX', int(lease_ms + FENCE_KEEP_MS))
+  return token
+end
+
+local function take(now, owner, wait, lease_ms, name)
+  local token = next_token(now, lease_ms)
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'owner', owner, 'wait', wait, 'count', 1, 'token', int(token),
+             'name', name)
+  redis.call('PEXPIRE', KEYS[1], lease_ms)
+  return token
+end
+
+local function leave(member)
+  redis.call('ZREM', KEYS[3], member)
+  redis.call('ZREM', KEYS[4], member)
+end
+
+local function prune_stale(now)
+  local stale = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', int(math.floor(now / 1000)),
+                           'LIMIT', 0, PRUNE_LIMIT)
+  for _, member in ipairs(stale) do
+    leave(member)
+  end
+end
+
+-- Queue MEMBER (if new: a retry keeps its place) and keep it fresh for STAY_MS.
+local function enqueue(now, member, stay_ms)
+  redis.call('ZADD', KEYS[3], 'NX', int(now), member)
+  local stale_at = math.floor(now / 1000) + stay_ms
+  redis.call('ZADD', KEYS[4], int(stale_at), member)
+  -- Both sets outlive their freshest registration by a second, never forever.
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < stay_ms + 1000 then
+      redis.call('PEXPIRE', KEYS[i], stay_ms + 1000)
+    end
+  end
+end
+
+-- The lock is free: offer it to the first live waiter as a claim it must confirm within
+-- WINDOW_MS, and say so on CHANNEL ("granted <wait> <token> <window ms>"). Returns false when
+-- nobody waits (the caller then publishes "released").
+local function hand_off(now, channel, name, window_ms)
+  prune_stale(now)
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if not head then
+    return false
+  end
+  leave(head)
+  local wait, owner, lease = string.match(head, '^([^:]*):([^:]*):(%d+)$')
+  local token = take(now, owner, wait, tonumber(lease), name)
+  redis.call('HSET', KEYS[1], 'claim', 1)
+  redis.call('PEXPIRE', KEYS[1], window_ms)
+  redis.call('PUBLISH', channel, 'granted ' .. wait .. ' ' .. int(token) .. ' ' .. window_ms)
+  return true
+end
+
+local function free(now, channel, name, window_ms)
+  redis.call('DEL', KEYS[1])
+  if not hand_off(now, channel, name, window_ms) then
+    redis.call('PUBLISH', channel, 'released')
+  end
+end
