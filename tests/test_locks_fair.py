@@ -1,0 +1,451 @@
+"""The lock's promises under the ways it used to break: first come first served, a claim window
+for dead, stopped and departed waiters, grants that belong to one wait, withdrawal on every way
+out of a wait, cancellation of a reentrant aacquire. Each runs on a single node and on the real
+6-node cluster, sync and asyncio where both exist."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_redislua.connection import get_client
+from django_redislua.locks import Lock
+from django_redislua.locks.lock import _Wait
+from django_redislua.scripts import get_script
+from django_redislua.testing import CommandRecorder
+
+WINDOW = 0.3  # the claim window these tests run with (the default is 1 s)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.cluster)])
+def where(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the test against the single test server, then against the 6-node cluster."""
+    if request.param == "single":
+        with override_settings(REDISLUA={**settings.REDISLUA, "LOCK_CLAIM_WINDOW": WINDOW}):
+            yield "single"
+        return
+    cluster = request.getfixturevalue("redis_cluster")
+    with override_settings(REDISLUA={"CONNECTION": cluster.url, "LOCK_CLAIM_WINDOW": WINDOW}):
+        get_client().flushall()
+        yield "cluster"
+
+
+def queued(lock: Lock) -> int:
+    return int(get_client().zcard(lock.keys.sub("queue")))
+
+
+def until(condition: Callable[[], bool], seconds: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+async def auntil(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.005)
+
+
+class Waiter(threading.Thread):
+    """A thread blocked in ``lock.acquire(**kwargs)``; records when (and whether) it got it,
+    holds it ``hold`` seconds, then releases (or keeps it with hold=None)."""
+
+    def __init__(self, lock: Lock, order: list[str] | None = None, label: str = "",
+                 hold: float | None = 0.0, **kwargs: Any) -> None:
+        super().__init__(daemon=True)
+        self.lock, self.order, self.label, self.hold, self.kwargs = lock, order, label, hold, kwargs
+        self.acquired: bool | None = None
+        self.at = 0.0
+
+    def run(self) -> None:
+        self.acquired = self.lock.acquire(**self.kwargs)
+        self.at = time.monotonic()
+        if self.acquired and self.order is not None:
+            self.order.append(self.label)
+        if self.acquired and self.hold is not None:
+            time.sleep(self.hold)
+            self.lock.release()
+
+
+def queue_behind(lock: Lock, waiter: Waiter, size: int) -> Waiter:
+    waiter.start()
+    until(lambda: queued(lock) >= size, what=f"{waiter.label or 'the waiter'} to queue")
+    return waiter
+
+
+# -- hand-off ---------------------------------------------------------------------------------
+
+def test_a_release_offers_the_lock_and_the_heir_confirms_with_one_call(where: str) -> None:
+    holder, heir = Lock("h", timeout=30), Lock("h", timeout=30)
+    assert holder.acquire()
+    holder.release()  # both scripts loaded: only the hand-off is recorded below
+    assert holder.acquire()
+    waiter = queue_behind(holder, Waiter(heir, hold=None), 1)
+    client = get_client()
+    recorder = CommandRecorder(client) if where == "single" else None
+    if recorder:
+        recorder.__enter__()
+    released_at = time.monotonic()
+    holder.release()
+    waiter.join(5)
+    if recorder:
+        recorder.__exit__(None, None, None)
+        assert recorder.commands.count("EVALSHA") == 2  # the release, the heir's confirmation
+    assert waiter.acquired and waiter.at - released_at < WINDOW
+    assert heir.token is not None and holder.token is not None and heir.token > holder.token
+    assert client.hget(heir.keys.base, "claim") is None
+    assert client.pttl(heir.keys.base) > 25_000  # confirmed: the heir's own lease runs
+    heir.release()
+    assert not heir.locked()
+
+
+def test_waiters_are_served_in_arrival_order_whatever_their_timeouts(where: str) -> None:
+    holder = Lock("fifo", timeout=30)
+    assert holder.acquire()
+    order: list[str] = []
+    # The old queue ordered by registration expiry: the short timeouts jumped ahead and a
+    # waiter without a deadline came last. Arrival order is what each gets now.
+    waiters = [
+        queue_behind(holder, Waiter(Lock("fifo", timeout=30), order, label, 0.01,
+                                    blocking_timeout=timeout), size)
+        for size, (label, timeout) in enumerate(
+            [("no-deadline", None), ("10s", 10), ("2s", 2), ("1s", 1.5)], start=1)
+    ]
+    holder.release()
+    for waiter in waiters:
+        waiter.join(10)
+    assert order == ["no-deadline", "10s", "2s", "1s"]
+
+
+async def test_async_waiters_are_served_in_arrival_order(where: str) -> None:
+    holder = Lock("afifo", timeout=30)
+    assert await holder.aacquire()
+    order: list[str] = []
+
+    async def wait(label: str, timeout: float | None) -> None:
+        lock = Lock("afifo", timeout=30, blocking_timeout=timeout)
+        assert await lock.aacquire()
+        order.append(label)
+        await asyncio.sleep(0.01)
+        await lock.arelease()
+
+    tasks = []
+    for size, (label, timeout) in enumerate([("none", None), ("5s", 5), ("1s", 1.5)], start=1):
+        tasks.append(asyncio.ensure_future(wait(label, timeout)))
+        await auntil(lambda size=size: queued(holder) >= size)  # type: ignore[misc]
+    await holder.arelease()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert order == ["none", "5s", "1s"]
+
+
+def park(lock: Lock) -> _Wait:
+    """A waiter that queues and then never reads its messages: a process that died, was
+    stopped, or left without withdrawing, as far as Redis can tell."""
+    wait = _Wait(lock, 60)
+    keys, args = wait.attempt(queued=True)
+    assert wait.took(get_script("django_redislua.lock_acquire")(keys=keys, args=args)) is not None
+    return wait
+
+
+def test_a_departed_waiter_delays_the_next_by_at_most_the_claim_window(where: str) -> None:
+    holder = Lock("gone", timeout=20)
+    assert holder.acquire()
+    park(Lock("gone", timeout=20))  # first in the queue, never confirms
+    live = queue_behind(holder, Waiter(Lock("gone", timeout=20), hold=None), 2)
+    released_at = time.monotonic()
+    holder.release()
+    live.join(5)
+    # Not the departed waiter's 20 s lease: the claim window, then the live one.
+    assert live.acquired and WINDOW - 0.05 < live.at - released_at < WINDOW + 0.1
+    assert live.lock.owned()
+    live.lock.release()
+
+
+async def test_async_a_departed_waiter_delays_the_next_by_at_most_the_claim_window(
+    where: str,
+) -> None:
+    holder = Lock("agone", timeout=20)
+    assert await holder.aacquire()
+    park(Lock("agone", timeout=20))
+    live = Lock("agone", timeout=20)
+    task = asyncio.ensure_future(live.aacquire())
+    await auntil(lambda: queued(holder) >= 2)
+    released_at = time.monotonic()
+    await holder.arelease()
+    assert await asyncio.wait_for(task, 5)
+    assert time.monotonic() - released_at < WINDOW + 0.1
+    await live.arelease()
+
+
+def test_stale_registrations_are_dropped_before_a_hand_off(where: str) -> None:
+    holder = Lock("stale", timeout=30)
+    assert holder.acquire()
+    departed = _Wait(Lock("stale", timeout=30), 0.0)  # its registration lasts ~1 s
+    keys, args = departed.attempt(queued=True)
+    args[5] = 1  # stay queued 1 ms
+    get_script("django_redislua.lock_acquire")(keys=keys, args=args)
+    time.sleep(0.01)
+    holder.release()
+    assert not holder.locked()  # no claim went to the stale registration
+    assert queued(holder) == 0
+
+
+WAITER_PROCESS = """
+import os, sys, time
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+import django
+django.setup()
+from django.conf import settings
+from django.test import override_settings
+from django_redislua.connection import get_client
+from django_redislua.locks import Lock
+with override_settings(REDISLUA={**settings.REDISLUA, "LOCK_CLAIM_WINDOW": float(sys.argv[1])}):
+    lock = Lock("proc", timeout=20)
+    assert lock.acquire()
+    get_client().rpush("proc-order", os.getpid())
+    lock.release()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
+def test_a_killed_or_stopped_waiter_process_costs_at_most_the_window(r: Any, fault: str) -> None:
+    with override_settings(REDISLUA={**settings.REDISLUA, "LOCK_CLAIM_WINDOW": WINDOW}):
+        holder = Lock("proc", timeout=20)
+        assert holder.acquire()
+        process = subprocess.Popen([sys.executable, "-c", WAITER_PROCESS, str(WINDOW)], cwd=ROOT)
+        try:
+            until(lambda: queued(holder) == 1, 30, "the waiter process to queue")
+            os.kill(process.pid, getattr(signal, fault))
+            live = queue_behind(holder, Waiter(Lock("proc", timeout=20), hold=0.05), 2)
+            released_at = time.monotonic()
+            holder.release()
+            live.join(5)
+            assert live.acquired and live.at - released_at < WINDOW + 0.1
+            if fault == "SIGSTOP":
+                # Resumed, it finds its claim gone, queues again and gets the lock in turn.
+                os.kill(process.pid, signal.SIGCONT)
+                assert process.wait(10) == 0
+                assert [int(p) for p in r.lrange("proc-order", 0, -1)] == [process.pid]
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+# -- grants belong to one wait ----------------------------------------------------------------
+
+def test_a_grant_never_admits_another_acquire_of_the_same_lock_object(where: str) -> None:
+    holder, shared = Lock("one", timeout=30), Lock("one", timeout=30)
+    assert holder.acquire()
+    first = queue_behind(holder, Waiter(shared, hold=None), 1)
+    holder.release()
+    first.join(5)
+    assert first.acquired
+    # Another thread on the same non-reentrant object: it waits like anyone else.
+    assert not shared.acquire(blocking_timeout=0.2)
+    assert not shared.acquire(blocking=False)
+    shared.release()
+    assert not shared.locked()
+
+
+async def test_async_a_grant_never_admits_another_aacquire_of_the_same_lock_object(
+    where: str,
+) -> None:
+    holder, shared = Lock("aone", timeout=30), Lock("aone", timeout=30)
+    assert await holder.aacquire()
+    first = asyncio.ensure_future(shared.aacquire())
+    await auntil(lambda: queued(holder) == 1)
+    await holder.arelease()
+    assert await asyncio.wait_for(first, 5)
+    assert not await shared.aacquire(blocking_timeout=0.2)
+    await shared.arelease()
+    assert not await shared.alocked()
+
+
+# -- every way out of a wait withdraws ----------------------------------------------------------
+
+def test_a_waiter_that_times_out_leaves_the_queue_and_gets_nothing(where: str) -> None:
+    holder, waiter = Lock("t", timeout=30), Lock("t", timeout=30)
+    assert holder.acquire()
+    started = time.monotonic()
+    assert not waiter.acquire(blocking_timeout=0.2)
+    assert time.monotonic() - started < 0.2 + 0.5  # at most the socket timeout late
+    assert queued(waiter) == 0
+    holder.release()
+    assert not holder.locked()  # no hand-off to a waiter that gave up
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("raised", [Interrupted, KeyboardInterrupt])
+def test_a_sync_waiter_interrupted_by_an_exception_withdraws(where: str, raised: type) -> None:
+    holder, waiter = Lock("ki", timeout=30), Lock("ki", timeout=30)
+    assert holder.acquire()
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise raised("interrupted")
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    try:
+        with pytest.raises(raised):
+            waiter.acquire(blocking_timeout=5)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert queued(waiter) == 0
+    holder.release()
+    assert not holder.locked()
+
+
+def test_a_hand_off_at_the_deadline_is_taken_by_the_withdrawal(where: str) -> None:
+    holder, heir = Lock("d", timeout=30), Lock("d", timeout=30)
+    assert holder.acquire()
+    wait = park(heir)
+    holder.release()  # the claim goes to the parked wait, whose deadline is now
+    assert heir._withdraw(wait, "take")
+    assert heir.owned() and queued(heir) == 0
+    assert get_client().pttl(heir.keys.base) > 25_000
+    heir.release()
+
+
+async def test_async_cancelled_waiters_leave_no_registration(where: str) -> None:
+    holder = Lock("ac", timeout=30)
+    assert await holder.aacquire()
+    tasks = [asyncio.ensure_future(Lock("ac", timeout=30).aacquire()) for _ in range(3)]
+    await auntil(lambda: queued(holder) == 3)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await auntil(lambda: queued(holder) == 0)  # the background withdrawals
+    await holder.arelease()
+    assert not await holder.alocked()
+
+
+async def test_async_a_cancelled_heir_passes_its_claim_on_at_once(where: str) -> None:
+    holder, cancelled, live = (Lock("pass", timeout=30) for _ in range(3))
+    assert await holder.aacquire()
+    wait = park(cancelled)
+    task = asyncio.ensure_future(live.aacquire())
+    await auntil(lambda: queued(holder) == 2)
+    released_at = time.monotonic()
+    await holder.arelease()  # the claim goes to the parked wait...
+    await cancelled._aundo(wait)  # ...whose acquire is cancelled: it gives the claim on
+    assert await asyncio.wait_for(task, 5)
+    assert time.monotonic() - released_at < WINDOW / 2  # not after the window
+    await live.arelease()
+
+
+async def test_async_a_reentry_cancelled_in_flight_is_undone(where: str) -> None:
+    lock = Lock("re", timeout=30, reentrant=True)
+    assert await lock.aacquire()
+    client = get_client()
+    node = client.get_redis_connection(client.get_node_from_key(lock.keys.base)) \
+        if where == "cluster" else client
+    node.client_pause(300)  # the re-entry's script call waits on the server...
+    task = asyncio.ensure_future(lock.aacquire())
+    await asyncio.sleep(0.1)
+    task.cancel()  # ...and its caller is cancelled meanwhile; the call still runs after
+    await asyncio.gather(task, return_exceptions=True)
+    await auntil(lambda: client.hget(lock.keys.base, "count") == b"1", 3)
+    await asyncio.sleep(0.1)
+    assert client.hget(lock.keys.base, "count") == b"1"
+    await lock.arelease()  # the local depth and Redis agree: one release frees it
+    assert not await lock.alocked()
+
+
+# -- renewal ----------------------------------------------------------------------------------
+
+def test_auto_renew_rides_out_a_client_pause_across_the_first_renewal(where: str) -> None:
+    lock = Lock("pause", timeout=3, auto_renew=True)
+    lost: list[Lock] = []
+    lock.on_lost = lost.append
+    client = get_client()
+    node = client.get_redis_connection(client.get_node_from_key(lock.keys.base)) \
+        if where == "cluster" else client
+    assert lock.acquire()
+    time.sleep(0.7)
+    node.client_pause(1500)  # the first renewal (at 1 s) fails; the next ones are in time
+    time.sleep(2.8)
+    assert not lock.lost and not lost
+    assert lock.owned()
+    assert not Lock("pause", timeout=3).acquire(blocking=False)
+    lock.release()
+
+
+async def test_async_auto_renew_rides_out_a_client_pause(where: str) -> None:
+    lock = Lock("apause", timeout=3, auto_renew=True)
+    client = get_client()
+    node = client.get_redis_connection(client.get_node_from_key(lock.keys.base)) \
+        if where == "cluster" else client
+    assert await lock.aacquire()
+    await asyncio.sleep(0.7)
+    node.client_pause(1500)
+    await asyncio.sleep(2.8)
+    assert not lock.lost and await lock.aowned()
+    await lock.arelease()
+
+
+def test_lost_flips_when_the_lease_runs_out_on_this_clock(where: str) -> None:
+    lock = Lock("short", timeout=0.3)
+    assert lock.acquire()
+    assert not lock.lost
+    time.sleep(0.32)
+    assert lock.lost  # no renewal, no round trip needed to know
+    assert Lock("short", timeout=5).acquire(blocking=False)
+
+
+HOLDER_PROCESS = """
+import os, sys, time
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+import django
+django.setup()
+from django_redislua.connection import get_client
+from django_redislua.locks import Lock
+client = get_client()
+lock = Lock("stopped", timeout=1, auto_renew=True,
+            on_lost=lambda lock: client.set("on-lost-at", repr(time.monotonic())))
+assert lock.acquire()
+client.set("holder-ready", 1)
+deadline = time.monotonic() + 30
+while not lock.lost and time.monotonic() < deadline:
+    time.sleep(0.005)
+client.set("lost-at", repr(time.monotonic()))
+time.sleep(0.5)
+"""
+
+
+@pytest.mark.slow
+def test_a_stopped_holder_reads_lost_as_soon_as_it_resumes(r: Any) -> None:
+    process = subprocess.Popen([sys.executable, "-c", HOLDER_PROCESS], cwd=ROOT)
+    try:
+        until(lambda: bool(r.exists("holder-ready")), 30, "the holder")
+        os.kill(process.pid, signal.SIGSTOP)
+        time.sleep(1.5)  # its 1 s lease runs out while it cannot renew
+        assert Lock("stopped", timeout=5).acquire(blocking=False)  # someone else has it now
+        resumed_at = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process here
+        os.kill(process.pid, signal.SIGCONT)
+        assert process.wait(10) == 0
+        assert float(r.get("lost-at")) - resumed_at < 0.1
+        assert float(r.get("on-lost-at")) - resumed_at < 0.6  # the renewer says so too
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
