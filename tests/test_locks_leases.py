@@ -1,0 +1,286 @@
+"""Fencing tokens that survive data loss, keys that do not live forever, and leases that are
+renewed while the protected code runs and never lost silently (singleton, run_once,
+single_flight); sync and asyncio, single node and the real cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_redislua.connection import get_client
+from django_redislua.locks import (
+    LeaseLost,
+    Lock,
+    LockNotOwned,
+    LockUnavailable,
+    RunInProgress,
+    asingle_flight,
+    run_once,
+    single_flight,
+    singleton,
+)
+from django_redislua.locks.inspect import force_release
+from django_redislua.locks.keys import keys_for
+from django_redislua.testing import RedisServer
+
+
+@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.cluster)])
+def where(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "single":
+        yield "single"
+        return
+    cluster = request.getfixturevalue("redis_cluster")
+    with override_settings(REDISLUA={"CONNECTION": cluster.url}):
+        get_client().flushall()
+        yield "cluster"
+
+
+# -- fencing ----------------------------------------------------------------------------------
+
+def test_tokens_keep_increasing_after_a_restart_without_persistence() -> None:
+    server = RedisServer().start()
+    try:
+        with override_settings(REDISLUA={**settings.REDISLUA, "CONNECTION": server.url}):
+            tokens = []
+            for _ in range(5):
+                with Lock("restart", timeout=5) as lock:
+                    tokens.append(lock.token)
+            server.stop()
+            server = RedisServer(port=server.port).start()  # same port, empty: no counter
+            assert not server.client().exists("rl:lock:{restart}:fence")
+            for _ in range(3):
+                for _attempt in range(50):  # the pool reconnects after the restart
+                    try:
+                        with Lock("restart", timeout=5) as lock:
+                            tokens.append(lock.token)
+                        break
+                    except LockUnavailable:
+                        time.sleep(0.05)
+        assert len(tokens) == 8
+        assert all(a < b for a, b in itertools.pairwise(tokens))
+    finally:
+        server.stop()
+
+
+def test_tokens_keep_increasing_after_the_counter_is_evicted(where: str) -> None:
+    client = get_client()
+    lock = Lock("evicted", timeout=5)
+    with lock:
+        first = lock.token
+    client.delete(lock.keys.sub("fence"))  # FLUSHALL, eviction, or its TTL ran out
+    with lock:
+        assert lock.token is not None and first is not None and lock.token > first
+
+
+def test_no_key_of_a_lock_lives_forever(where: str) -> None:
+    client = get_client()
+    holder = Lock("ttl", timeout=5)
+    assert holder.acquire()
+    waiter = Lock("ttl", timeout=5)
+    thread = threading.Thread(target=waiter.acquire, kwargs={"blocking_timeout": 0.3})
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not client.exists(holder.keys.sub("queue")):
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    for key in (holder.keys.base, holder.keys.sub("fence"), holder.keys.sub("queue"),
+                holder.keys.sub("stale")):
+        assert 0 < client.pttl(key) <= 5_000 + 600_000, key
+    thread.join(5)
+    holder.release()
+
+
+# -- singleton --------------------------------------------------------------------------------
+
+def test_singleton_reports_a_lease_lost_while_its_job_ran(where: str,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    @singleton("nightly", timeout=5)
+    def job() -> str:
+        assert force_release("nightly")  # an operator, or the lease ran out...
+        assert Lock("nightly", timeout=5).acquire(blocking=False)  # ...and another took it
+        return "done"
+
+    with caplog.at_level(logging.ERROR, "django_redislua.locks"), \
+            pytest.raises(LeaseLost) as raised:
+        job()
+    assert raised.value.result == "done"
+    assert isinstance(raised.value, LockNotOwned)
+    assert "singleton 'nightly'" in caplog.text
+
+
+async def test_async_singleton_reports_a_lease_lost(where: str) -> None:
+    @singleton("anightly", timeout=5)
+    async def job() -> int:
+        force_release("anightly")
+        return 7
+
+    with pytest.raises(LeaseLost) as raised:
+        await job()
+    assert raised.value.result == 7
+
+
+def test_singleton_renews_while_a_job_outlives_its_timeout(where: str) -> None:
+    overlaps = []
+
+    @singleton("long", timeout=0.5)
+    def job() -> str:
+        time.sleep(1.2)
+        return "ok"
+
+    thread = threading.Thread(target=lambda: overlaps.append(job()))
+    thread.start()
+    time.sleep(0.8)  # past the timeout: the lease has been renewed
+    assert job() is None  # skipped, not run alongside
+    thread.join(5)
+    assert overlaps == ["ok"]
+
+
+# -- run_once ---------------------------------------------------------------------------------
+
+def test_run_once_renews_while_a_slow_handler_runs(where: str) -> None:
+    runs: list[int] = []
+
+    @run_once(key=lambda n: f"pay:{n}", timeout=0.5, wait=False)
+    def capture(n: int) -> int:
+        runs.append(n)
+        time.sleep(1.2)
+        return n * 10
+
+    first = threading.Thread(target=capture, args=(1,))
+    first.start()
+    time.sleep(0.8)  # past the running lease: a duplicate must still not run
+    with pytest.raises(RunInProgress):
+        capture(1)
+    first.join(5)
+    assert capture(1) == 10
+    assert runs == [1]
+
+
+def test_run_once_raises_when_another_run_took_its_key(where: str,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    key = keys_for("once", "order:9").base
+
+    @run_once(key="order:9", timeout=5)
+    def capture() -> str:
+        client = get_client()
+        client.delete(key)  # the lease is gone (paused past it, Redis lost it)...
+        client.hset(key, mapping={"state": "running", "owner": "someone-else"})  # ...and retaken
+        return "captured"
+
+    with caplog.at_level(logging.ERROR, "django_redislua.locks"), \
+            pytest.raises(LeaseLost) as raised:
+        capture()
+    assert raised.value.result == "captured"
+    assert "may have run twice" in str(raised.value)
+    assert get_client().hget(key, "owner") == b"someone-else"  # the other run's record kept
+
+
+def test_run_once_records_a_late_result_when_nobody_else_started(
+    where: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    key = keys_for("once", "order:10").base
+    calls = []
+
+    @run_once(key="order:10", timeout=5)
+    def capture() -> str:
+        calls.append(1)
+        get_client().delete(key)  # the lease ran out, but no duplicate arrived
+        return "late"
+
+    with caplog.at_level(logging.WARNING, "django_redislua.locks"):
+        assert capture() == "late"
+    assert "outlived its lease" in caplog.text
+    assert capture() == "late" and calls == [1]
+
+
+async def test_async_run_once_raises_when_another_run_took_its_key(where: str) -> None:
+    key = keys_for("once", "aorder").base
+
+    @run_once(key="aorder", timeout=5)
+    async def capture() -> str:
+        get_client().hset(key, "owner", "someone-else")
+        return "captured"
+
+    with pytest.raises(LeaseLost) as raised:
+        await capture()
+    assert raised.value.result == "captured"
+
+
+async def test_async_run_once_renews_while_a_slow_handler_runs(where: str) -> None:
+    runs: list[int] = []
+
+    @run_once(key="aslow", timeout=0.5, wait=False)
+    async def capture() -> int:
+        runs.append(1)
+        await asyncio.sleep(1.2)
+        return 5
+
+    first = asyncio.ensure_future(capture())
+    await asyncio.sleep(0.8)
+    with pytest.raises(RunInProgress):
+        await capture()
+    assert await first == 5
+    assert runs == [1]
+
+
+# -- single_flight ----------------------------------------------------------------------------
+
+def test_a_builder_that_lost_its_lease_never_overwrites_a_newer_value(
+    where: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    building = keys_for("flight", "report").sub("building")
+
+    def old_build() -> str:
+        get_client().delete(building)  # this builder's lease ran out...
+        assert single_flight("report", lambda: "new", ttl=60) == "new"  # ...a newer build ran
+        return "old"
+
+    with caplog.at_level(logging.WARNING, "django_redislua.locks"):
+        assert single_flight("report", old_build, ttl=60) == "old"  # its caller gets its value
+    assert "was not stored" in caplog.text
+    assert single_flight("report", lambda: "never", ttl=60) == "new"
+
+
+async def test_async_a_builder_that_lost_its_lease_never_overwrites(where: str) -> None:
+    building = keys_for("flight", "areport").sub("building")
+
+    async def new_build() -> str:
+        return "new"
+
+    async def old_build() -> str:
+        get_client().delete(building)
+        assert await asingle_flight("areport", new_build, ttl=60) == "new"
+        return "old"
+
+    async def never() -> str:
+        raise AssertionError("the cached value is fresh")
+
+    assert await asingle_flight("areport", old_build, ttl=60) == "old"
+    assert await asingle_flight("areport", never, ttl=60) == "new"
+
+
+def test_single_flight_renews_while_a_slow_build_runs(where: str) -> None:
+    builds: list[int] = []
+    results: list[Any] = []
+
+    def build() -> str:
+        builds.append(1)
+        time.sleep(1.0)
+        return "value"
+
+    first = threading.Thread(target=lambda: results.append(
+        single_flight("slow", build, lock_timeout=0.4)))
+    first.start()
+    time.sleep(0.6)  # past the build lease: a second caller waits instead of building
+    assert single_flight("slow", build, lock_timeout=0.4) == "value"
+    first.join(5)
+    assert builds == [1] and results == ["value"]
