@@ -19,7 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import redis
+import redis.asyncio.cluster
 from django.apps import apps
+from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 from django_redislua.conf import settings
@@ -108,6 +111,72 @@ class Script:
         except NoScriptError:
             await client.script_load(self.source)
             return await client.evalsha(self.sha, len(keys), *keys, *args)
+
+
+    # -- followed by WAIT, for writes that must reach replicas before they count --------------
+
+    def _queue(self, pipe: Any, keys: Sequence[KeyArg], args: Sequence[Arg], replicas: int,
+               timeout_ms: int) -> None:
+        if settings.USE_FUNCTIONS:
+            pipe.fcall(function_name(self, registry.library()[0]), len(keys), *keys, *args)
+        else:
+            pipe.evalsha(self.sha, len(keys), *keys, *args)
+        pipe.execute_command("WAIT", replicas, timeout_ms)
+
+    def _missing(self, reply: Any) -> bool:
+        return isinstance(reply, NoScriptError) or (
+            isinstance(reply, ResponseError) and _is_missing_function(reply))
+
+    def call_replicated(self, keys: Sequence[KeyArg], args: Sequence[Arg], replicas: int,
+                        timeout_ms: int) -> tuple[Any, int]:
+        """Call the script, then ``WAIT replicas timeout_ms`` on the same connection (WAIT
+        counts the writes of its own connection), pipelined: one round trip. Returns the
+        script's reply and how many replicas acknowledged its writes."""
+        client = get_client()
+        if isinstance(client, RedisCluster):  # the node that owns the keys' slot
+            client = client.get_redis_connection(client.get_node_from_key(keys[0]))
+        for attempt in range(2):
+            pipe = client.pipeline(transaction=False)
+            self._queue(pipe, keys, args, replicas, timeout_ms)
+            reply, acked = pipe.execute(raise_on_error=False)
+            if attempt == 0 and self._missing(reply):
+                self._load(client)
+                continue
+            break
+        for value in (reply, acked):
+            if isinstance(value, Exception):
+                raise value
+        return reply, int(acked)
+
+    async def acall_replicated(self, keys: Sequence[KeyArg], args: Sequence[Arg], replicas: int,
+                               timeout_ms: int) -> tuple[Any, int]:
+        """The asyncio twin of :meth:`call_replicated` (not on a cluster: redis-py's asyncio
+        cluster client has no per-node pipeline)."""
+        client = get_async_client()
+        if isinstance(client, redis.asyncio.cluster.RedisCluster):
+            raise redis.exceptions.RedisClusterException(
+                "waiting for replicas is not available with the asyncio cluster client")
+        for attempt in range(2):
+            pipe = client.pipeline(transaction=False)
+            self._queue(pipe, keys, args, replicas, timeout_ms)
+            reply, acked = await pipe.execute(raise_on_error=False)
+            if attempt == 0 and self._missing(reply):
+                if settings.USE_FUNCTIONS:
+                    await client.function_load(registry.library()[1], replace=True)
+                else:
+                    await client.script_load(self.source)
+                continue
+            break
+        for value in (reply, acked):
+            if isinstance(value, Exception):
+                raise value
+        return reply, int(acked)
+
+    def _load(self, client: redis.Redis) -> None:
+        if settings.USE_FUNCTIONS:
+            client.function_load(registry.library()[1], replace=True)
+        else:
+            client.script_load(self.source)
 
 
 class Registry:

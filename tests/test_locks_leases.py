@@ -284,3 +284,49 @@ def test_single_flight_renews_while_a_slow_build_runs(where: str) -> None:
     assert single_flight("slow", build, lock_timeout=0.4) == "value"
     first.join(5)
     assert builds == [1] and results == ["value"]
+
+
+# -- waiting for replicas ----------------------------------------------------------------------
+
+@pytest.fixture
+def primary_with_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
+    primary = RedisServer(extra_args=("--repl-diskless-sync-delay", "0")).start()
+    replica = RedisServer(extra_args=("--replicaof", "127.0.0.1", str(primary.port))).start()
+    try:
+        deadline = time.monotonic() + 10
+        while replica.client().info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the replica never connected"
+            time.sleep(0.05)
+        with override_settings(REDISLUA={**settings.REDISLUA, "CONNECTION": primary.url}):
+            yield primary, replica
+    finally:
+        replica.stop()
+        primary.stop()
+
+
+def test_a_lock_waiting_for_a_replica_is_acquired_once_it_confirms(
+    primary_with_replica: tuple[RedisServer, RedisServer],
+) -> None:
+    primary, replica = primary_with_replica
+    lock = Lock("durable", timeout=30, replicas=1, replica_timeout=0.2)
+    assert lock.acquire()
+    # The replica has the acquisition already: a failover to it keeps the lock and its token.
+    assert replica.client().hget(lock.keys.base, "token") == str(lock.token).encode()
+    lock.release()
+    replica.stop()
+    with pytest.raises(LockUnavailable, match="replica"):
+        lock.acquire()
+    assert not primary.client().exists(lock.keys.base)  # released again: nothing half-held
+
+
+async def test_async_a_lock_waiting_for_replicas_refuses_without_them() -> None:
+    lock = Lock("adurable", timeout=30, replicas=1, replica_timeout=0.05)
+    with pytest.raises(LockUnavailable, match="replica"):
+        await lock.aacquire()
+    assert not await lock.alocked()
+    assert await Lock("adurable", timeout=30).aacquire()  # not held by the refused one
+
+
+def test_replicas_must_be_a_count() -> None:
+    with pytest.raises(ValueError, match="replicas"):
+        Lock("x", timeout=5, replicas=-1)

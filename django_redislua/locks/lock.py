@@ -153,6 +153,8 @@ class _Wait:
         self.deadline = None if limit is None else time.monotonic() + limit
         self.sent_at = 0.0
         self.inflight: asyncio.Future[Any] | None = None  # asyncio: the script call under way
+        self.acked = 0  # replicas that confirmed the last call (with Lock(replicas=N))
+        self.unreplicated = False  # acquired, but fewer replicas confirmed than asked for
 
     def _stay_ms(self) -> int:
         """How long a queued registration lasts: until the waiter's next retry at the latest
@@ -175,6 +177,7 @@ class _Wait:
         acquired, value, count = (int(x) for x in reply)
         if acquired:
             self.lock._held(value, count, self.sent_at)
+            self.unreplicated = count == 1 and self.acked < self.lock.replicas
             return None
         return math.inf if value == -1 else max(value, 0) / 1000
 
@@ -206,6 +209,8 @@ class Lock:
         reentrant: bool = False,
         auto_renew: bool = False,
         on_lost: Callable[[Lock], object] | None = None,
+        replicas: int = 0,
+        replica_timeout: float | str = 0.1,
     ) -> None:
         self.name = name
         self.timeout = parse_duration(timeout)
@@ -214,6 +219,10 @@ class Lock:
         self.reentrant = reentrant
         self.auto_renew = auto_renew
         self.on_lost = on_lost
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ValueError(f"Lock replicas must be an integer >= 0, not {replicas!r}")
+        self.replicas = replicas
+        self.replica_timeout = parse_duration(replica_timeout)
         self.owner = secrets.token_hex(16)
         self.token: int | None = None
         """The fencing token of the current (or last) acquisition."""
@@ -232,7 +241,8 @@ class Lock:
     def copy(self) -> Lock:
         """A new Lock of the same name and options, with its own owner token."""
         return Lock(self.name, self.timeout, self.blocking, self.blocking_timeout,
-                    self.reentrant, self.auto_renew, self.on_lost)
+                    self.reentrant, self.auto_renew, self.on_lost, self.replicas,
+                    self.replica_timeout)
 
     @property
     def lost(self) -> bool:
@@ -283,9 +293,24 @@ class Lock:
 
     # -- sync ----------------------------------------------------------------------------------
 
+    def _call(self, wait: _Wait, name: str, keys: list[str], args: list[str | int]) -> Reply:
+        """One script call of ``wait``; with ``replicas``, followed by WAIT on its connection."""
+        script = get_script(name)
+        if not self.replicas:
+            reply: Reply = script(keys=keys, args=args)
+            return reply
+        reply, wait.acked = script.call_replicated(keys, args, self.replicas,
+                                                   milliseconds(self.replica_timeout))
+        return reply
+
+    def _unreplicated(self) -> LockUnavailable:
+        return LockUnavailable(
+            f"lock {self.name!r} was acquired, but fewer than {self.replicas} replica(s) "
+            f"confirmed it within {self.replica_timeout}s; it was released again")
+
     def _withdraw(self, wait: _Wait, mode: str) -> bool:
         keys, args = wait.withdraw(mode)
-        return wait.took(get_script("django_redislua.lock_withdraw")(keys=keys, args=args)) is None
+        return wait.took(self._call(wait, "django_redislua.lock_withdraw", keys, args)) is None
 
     def _withdraw_quietly(self, wait: _Wait) -> None:
         """After an interrupted acquire: give back whatever this wait may hold (best effort;
@@ -302,11 +327,10 @@ class Lock:
         blocking = self.blocking if blocking is None else blocking
         limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
         wait = _Wait(self, limit)
-        script = get_script("django_redislua.lock_acquire")
 
         def attempt(queued: bool) -> float | None:
             keys, args = wait.attempt(queued)
-            return wait.took(script(keys=keys, args=args))
+            return wait.took(self._call(wait, "django_redislua.lock_acquire", keys, args))
 
         try:
             if attempt(False) is not None and not (
@@ -318,6 +342,9 @@ class Lock:
         except BaseException:
             self._withdraw_quietly(wait)
             raise
+        if wait.unreplicated:
+            self.release()
+            raise self._unreplicated()
         if self.auto_renew and self._depth == 1 and self._renewer is None:
             self._renewer = Renewer(self._lease, self.timeout, self._renewal_lost, self.name)
         return True
@@ -379,7 +406,17 @@ class Lock:
                      args: list[str | int]) -> Reply:
         """One script call of ``wait``, shielded: a cancellation leaves it running, so the
         clean-up (``_aundo``) can read what it did."""
-        wait.inflight = asyncio.ensure_future(get_script(name).acall(keys=keys, args=args))
+        script = get_script(name)
+
+        async def call() -> Reply:
+            if not self.replicas:
+                reply: Reply = await script.acall(keys=keys, args=args)
+                return reply
+            reply, wait.acked = await script.acall_replicated(
+                keys, args, self.replicas, milliseconds(self.replica_timeout))
+            return reply
+
+        wait.inflight = asyncio.ensure_future(call())
         reply: Reply = await asyncio.shield(wait.inflight)
         return reply
 
@@ -427,6 +464,9 @@ class Lock:
         except BaseException:
             keep_running(asyncio.get_running_loop().create_task(self._aundo(wait)))
             raise
+        if wait.unreplicated:
+            await self.arelease()
+            raise self._unreplicated()
         if self.auto_renew and self._depth == 1 and self._renewer is None:
             self._renewer = AsyncRenewer(self._lease, self.timeout, self._renewal_lost)
         return True
