@@ -308,7 +308,7 @@ def test_a_lock_waiting_for_a_replica_is_acquired_once_it_confirms(
     primary_with_replica: tuple[RedisServer, RedisServer],
 ) -> None:
     primary, replica = primary_with_replica
-    lock = Lock("durable", timeout=30, replicas=1, replica_timeout=0.2)
+    lock = Lock("durable", timeout=30, replicas=1, replica_timeout=0.4)
     assert lock.acquire()
     # The replica has the acquisition already: a failover to it keeps the lock and its token.
     assert replica.client().hget(lock.keys.base, "token") == str(lock.token).encode()

@@ -60,7 +60,7 @@ def test_locks_hand_off_and_semaphores(on_redis6):
         time.sleep(0.005)
     holder.release()
     thread.join(5)
-    assert result["ok"] and waiter.token == holder.token + 1
+    assert result["ok"] and waiter.token > holder.token
     waiter.release()
     permits = Semaphore("s6", limit=1, timeout=30)
     assert permits.acquire(blocking=False) and not permits.acquire(blocking=False)

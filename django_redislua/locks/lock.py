@@ -299,9 +299,16 @@ class Lock:
         if not self.replicas:
             reply: Reply = script(keys=keys, args=args)
             return reply
-        reply, wait.acked = script.call_replicated(keys, args, self.replicas,
-                                                   milliseconds(self.replica_timeout))
+        reply, wait.acked = script.call_replicated(keys, args, self.replicas, self._replica_ms())
         return reply
+
+    def _replica_ms(self) -> int:
+        """WAIT's timeout: ``replica_timeout``, kept below the socket timeout (WAIT blocks the
+        connection, and a read that times out would lose the script's reply)."""
+        socket_timeout = settings.SOCKET_TIMEOUT
+        seconds = self.replica_timeout if socket_timeout is None else min(
+            self.replica_timeout, socket_timeout * 0.8)
+        return milliseconds(seconds)
 
     def _unreplicated(self) -> LockUnavailable:
         return LockUnavailable(
@@ -412,8 +419,8 @@ class Lock:
             if not self.replicas:
                 reply: Reply = await script.acall(keys=keys, args=args)
                 return reply
-            reply, wait.acked = await script.acall_replicated(
-                keys, args, self.replicas, milliseconds(self.replica_timeout))
+            reply, wait.acked = await script.acall_replicated(keys, args, self.replicas,
+                                                              self._replica_ms())
             return reply
 
         wait.inflight = asyncio.ensure_future(call())
