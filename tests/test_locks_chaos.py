@@ -130,7 +130,6 @@ def _worker(ident: str, logdir: str, seed: int) -> None:
         return bool(original_wait_until(channel, logged_attempt, timeout, on_message))
 
     lock_module.wait_until = wait_until  # type: ignore[assignment]
-    lock_module._Wait.on_message = lambda self, data: 30.0
     rng = random.Random(seed)
     started = now()
     log.write("B", os.getpid(), now())
@@ -160,6 +159,9 @@ def _worker(ident: str, logdir: str, seed: int) -> None:
             return
         returned = now()
         if not acquired:
+            if mode == "timeout":
+                time.sleep(0.8)
+                returned = now()
             log.write("E", wid, returned, "0")
             return
         log.write("A", wid, name, lock.token, lock._lease.deadline - lease, returned,

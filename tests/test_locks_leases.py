@@ -297,7 +297,9 @@ def primary_with_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
         while replica.client().info("replication").get("master_link_status") != "up":
             assert time.monotonic() < deadline, "the replica never connected"
             time.sleep(0.05)
-        with override_settings(REDISLUA={**settings.REDISLUA, "CONNECTION": primary.url}):
+        # A deployment that waits for replicas gives WAIT room under the socket timeout.
+        with override_settings(REDISLUA={**settings.REDISLUA, "CONNECTION": primary.url,
+                                         "SOCKET_TIMEOUT": 5}):
             yield primary, replica
     finally:
         replica.stop()
@@ -308,14 +310,14 @@ def test_a_lock_waiting_for_a_replica_is_acquired_once_it_confirms(
     primary_with_replica: tuple[RedisServer, RedisServer],
 ) -> None:
     primary, replica = primary_with_replica
-    lock = Lock("durable", timeout=30, replicas=1, replica_timeout=0.4)
+    lock = Lock("durable", timeout=30, replicas=1, replica_timeout=3)
     assert lock.acquire()
     # The replica has the acquisition already: a failover to it keeps the lock and its token.
     assert replica.client().hget(lock.keys.base, "token") == str(lock.token).encode()
     lock.release()
     replica.stop()
     with pytest.raises(LockUnavailable, match="replica"):
-        lock.acquire()
+        Lock("durable", timeout=30, replicas=1, replica_timeout=0.2).acquire()
     assert not primary.client().exists(lock.keys.base)  # released again: nothing half-held
 
 
