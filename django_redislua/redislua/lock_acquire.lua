@@ -30,7 +30,9 @@ if not state[1] then
   -- queued must not overtake those that are: the first live one is offered the lock instead.
   local queued = stay > 0 and redis.call('ZSCORE', KEYS[3], member)
   if queued or not hand_off(now, channel, ARGV[5], window) then
-    leave(member)
+    if queued then
+      leave(member)
+    end
     return {1, take(now, owner, wait, lease, ARGV[5]), 1}
   end
   state = redis.call('HMGET', KEYS[1], 'owner', 'wait', 'count', 'token', 'claim')
@@ -41,7 +43,6 @@ elseif state[1] == owner then
       redis.call('HDEL', KEYS[1], 'claim')
       redis.call('PEXPIRE', KEYS[1], lease)
     end
-    leave(member)
     return {1, tonumber(state[4]), tonumber(state[3])}
   end
   if ARGV[4] == '1' and not state[5] then

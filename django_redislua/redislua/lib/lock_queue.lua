@@ -37,9 +37,9 @@ local function next_token(now, lease_ms)
   return token
 end
 
+-- KEYS[1] must not exist (every caller checked or deleted it).
 local function take(now, owner, wait, lease_ms, name)
   local token = next_token(now, lease_ms)
-  redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 'owner', owner, 'wait', wait, 'count', 1, 'token', int(token),
              'name', name)
   redis.call('PEXPIRE', KEYS[1], lease_ms)
@@ -76,6 +76,9 @@ end
 -- WINDOW_MS, and say so on CHANNEL ("granted <wait> <token> <window ms>"). Returns false when
 -- nobody waits (the caller then publishes "released").
 local function hand_off(now, channel, name, window_ms)
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    return false
+  end
   prune_stale(now)
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if not head then
