@@ -23,7 +23,8 @@ Then the checker asserts, from the logs and the test's own record of the faults:
 3. after a release with a live waiter queued, the next holder's taking call is sent within the
    claim window + 100 ms (one more window per dead registration that may be queued ahead);
 4. no wait outlasts its ``blocking_timeout`` by more than the socket timeout + a margin (two
-   socket timeouts for a wait that ended in ``LockUnavailable``).
+   socket timeouts for a wait that ended in ``LockUnavailable``; one second more when Redis was
+   paused meanwhile: a known defect, see docs/reliability.md).
 
 Figures are printed and written to ``FIGURES_PATH``. Run it with
 ``.venv/bin/python -m pytest tests/test_locks_chaos.py -q -s``. ``CHAOS_SEED=<n>`` replays a
@@ -62,10 +63,11 @@ PLAN = {"kill_holder": 3, "kill_waiter": 3, "stop_holder": 3, "stop_waiter": 3, 
         "restart": 2}
 FAULT_GAP = (0.8, 1.5)
 PAUSE_MS = (300, 1500)
-CALM = 2.5  # seconds without faults at the end, so the last releases can be checked
+CALM = 4.0  # seconds without faults at the end, so the last releases can be checked
 WALL_LIMIT = 60.0  # the whole test, start to finish
 # Check 3: the next holder's call must be sent within CLAIM_WINDOW + HANDOFF_MARGIN of the
-# release (the issue's 100 ms), plus one (window + margin) per dead registration queued ahead.
+# release (the issue's 100 ms). The horizon over which a release's context is examined is
+# widened per dead registration that may be queued ahead; the bound is not.
 HANDOFF_MARGIN = 0.1
 # Check 4: Python, the kernel and a 2-CPU machine running ~10 processes get this much slack on
 # top of the socket timeout(s) a wait may spend after its deadline.
@@ -80,6 +82,21 @@ def now() -> float:
 
 
 # -- the worker process ------------------------------------------------------------------------
+#
+# Log lines (times: time.monotonic(); <wid> names one acquire call, "<worker>.<n>"):
+#   B pid t                                  started (Django set up)
+#   S wid name mode limit lease renew reentrant t    an acquire call starts (mode: nonblock,
+#                                            timeout, block; limit: blocking_timeout)
+#   Q wid t                                  its first queued try came back: it is queued
+#   E wid t outcome                          it ended without the lock ("0", or the exception)
+#   A wid name token sent returned deadline depth    it took the lock: the taking call was
+#                                            sent at `sent`, the lease ends at `deadline`
+#   R wid token t entered deadline depth     a re-entry (or R wid token t <exception>)
+#   D wid token t deadline                   the lease was renewed: its new end
+#   L wid token t                            `lock.lost` first seen True
+#   X wid token n t depth deadline           release call n is sent
+#   Y wid token n t outcome deadline lost    ... and returned: re-entries left, or exception
+#   I wid t / Z t / F t traceback            operation over / worker done / worker failed
 
 
 class _Log:
@@ -112,7 +129,7 @@ def _worker(ident: str, logdir: str, seed: int) -> None:
     log = _Log(os.path.join(logdir, f"{ident}.log"))
     stop_flag = os.path.join(logdir, "stop")
     current = {"wid": ""}
-    original_wait_until = lock_module.wait_until
+    original_wait_until = lock_module.wait_until  # type: ignore[attr-defined]
 
     def wait_until(channel: str, attempt: Any, timeout: float | None,
                    on_message: Any = None) -> bool:
@@ -129,7 +146,7 @@ def _worker(ident: str, logdir: str, seed: int) -> None:
 
         return bool(original_wait_until(channel, logged_attempt, timeout, on_message))
 
-    lock_module.wait_until = wait_until  # type: ignore[assignment]
+    lock_module.wait_until = wait_until  # type: ignore[attr-defined]
     rng = random.Random(seed)
     started = now()
     log.write("B", os.getpid(), now())
@@ -159,9 +176,6 @@ def _worker(ident: str, logdir: str, seed: int) -> None:
             return
         returned = now()
         if not acquired:
-            if mode == "timeout":
-                time.sleep(0.8)
-                returned = now()
             log.write("E", wid, returned, "0")
             return
         log.write("A", wid, name, lock.token, lock._lease.deadline - lease, returned,
@@ -175,7 +189,7 @@ def _worker(ident: str, logdir: str, seed: int) -> None:
         token, deadline, lost = lock.token, lock._lease.deadline, False
         end = now() + seconds
         enter_at = sorted(rng.uniform(now(), end) for _ in range(reentries))
-        for _ in range(1000):  # 50 ms slices; bounded by `end` (at most 3 s) anyway
+        for _ in range(1000):  # 50 ms slices; bounded by `end` (at most 2 s) anyway
             t = now()
             if lock._lease.deadline != deadline:  # renewed, or re-entered
                 deadline = lock._lease.deadline
@@ -220,9 +234,8 @@ def _worker(ident: str, logdir: str, seed: int) -> None:
                       int(lock.lost))
             if outcome == "LockUnavailable":
                 time.sleep(0.2 + 0.1 * number)
-        # Redis failed every release: stop renewing so the lease ends by itself. (A Lock whose
-        # release raised LockUnavailable keeps renewing forever otherwise: see the report.)
-        lock._stop_renewing()
+        # A release that raised LockUnavailable stopped the renewer: the lease ends by itself.
+        assert lock._renewer is None
 
     try:
         for number in range(100_000):
@@ -299,7 +312,8 @@ class Chaos:
         self.restarts: list[tuple[float, float]] = []
         self.conts: list[tuple[float, Worker]] = []  # (when, worker) SIGCONTs due
         self.observed_until = math.inf  # when the workers were asked to finish
-        self.timeline: list[tuple[float, str]] = []  # (when, what): for the figures file
+        self.timeline: list[tuple[float, str]] = []  # (when it began, what): for the figures
+        self.t0 = now()
 
     def spawn(self) -> Worker:
         ident = f"w{self.spawned}"
@@ -346,19 +360,22 @@ class Chaos:
 
     def inject(self, kind: str) -> bool:
         """One fault; False when no worker is in the state it needs (yet)."""
+        began = now()
         if kind == "pause":
+            if self.pauses and began < self.pauses[-1][1] + 0.5:
+                return False  # one stall at a time: a pause queued behind another extends it
             ms = self.rng.randint(*PAUSE_MS)
             client = self._control()
             try:
                 sent = now()
                 client.execute_command("CLIENT", "PAUSE", ms, "ALL")
                 self.pauses.append((sent, now() + ms / 1000))
+                kind = f"pause {ms}ms"
             finally:
                 client.close()
         elif kind == "restart":
             from django_redislua.testing import RedisServer
 
-            began = now()
             assert self.server.process is not None
             self.server.process.kill()  # a crash: no shutdown, no persistence
             self.server.process.wait()
@@ -373,6 +390,7 @@ class Chaos:
             worker = self.rng.choice(candidates)
             if action == "kill":
                 sent = now()
+                kind += f" {worker.ident}"
                 worker.process.kill()
                 worker.process.wait()
                 worker.killed = (sent, now())
@@ -385,8 +403,9 @@ class Chaos:
                 os.kill(worker.process.pid, signal.SIGSTOP)
                 worker.stopped = True
                 self.conts.append((now() + min(pause, 2.8), worker))
-        self.faults[kind] += 1
-        self.timeline.append((now(), kind))
+                kind += f" {worker.ident} {min(pause, 2.8):.2f}s"
+        self.faults[kind.split()[0]] += 1
+        self.timeline.append((began - self.t0, kind))
         return True
 
     def _control(self) -> Any:
@@ -589,8 +608,8 @@ def parse(chaos: Chaos) -> tuple[list[Wait], dict[tuple[str, int], Holding], lis
     return list(waits.values()), holdings, releases, problems, stats
 
 
-def check(chaos: Chaos, observed_until: float, socket_timeout: float,
-          subscribe_confirm: float) -> dict[str, Any]:
+def check(chaos: Chaos, socket_timeout: float) -> dict[str, Any]:
+    """Check the logs of ``chaos``'s workers; the figures, with any violations found."""
     waits, holdings, releases, problems, stats = parse(chaos)
     violations: dict[str, list[str]] = defaultdict(list)
     violations["0 worker errors"] += problems
@@ -622,8 +641,8 @@ def check(chaos: Chaos, observed_until: float, socket_timeout: float,
                     f"{name}: {a.wid} (token {a.token}) acquired before {b.wid} "
                     f"(token {b.token})")
 
-    # 2. Mutual exclusion of protected intervals; a successful release was not interleaved; a
-    # holder never loses a lease it still had (check 5 in the docs).
+    # 2. Mutual exclusion of protected intervals (2a); a successful release was not interleaved
+    # with another acquisition (2b); no holder loses a lease it still had (2c).
     for name, group in by_name.items():
         spans = sorted(((h.acquired, h.end(chaos.restarts), h) for h in group),
                        key=lambda span: span[0])
@@ -653,6 +672,7 @@ def check(chaos: Chaos, observed_until: float, socket_timeout: float,
     # 3. Hand-off after a release that a live, queued waiter was waiting for.
     tokens = {name: sorted(h.token for h in group) for name, group in by_name.items()}
     handoffs: list[float] = []
+    direct: list[float] = []  # no dead registration may have been ahead of the live waiters
     skipped: Counter[str] = Counter()
     widened = 0
     for rel in releases:
@@ -660,7 +680,7 @@ def check(chaos: Chaos, observed_until: float, socket_timeout: float,
         for _ in range(len(waits) + 1):
             bound = (1 + extra) * (CLAIM_WINDOW + HANDOFF_MARGIN)
             horizon = rel.sent + bound
-            reason, dead = _handoff_context(rel, horizon, waits, chaos)
+            reason, dead = _handoff_context(rel, horizon, waits, chaos, socket_timeout)
             if reason or dead == extra:
                 break
             extra = dead
@@ -676,14 +696,19 @@ def check(chaos: Chaos, observed_until: float, socket_timeout: float,
             continue
         latency = max(holdings[rel.name, later[0]].sent - rel.sent, 0.0)
         handoffs.append(latency)
-        if latency > bound:
+        if not extra:
+            direct.append(latency)
+        # The issue's bound, whatever was queued ahead: dead registrations cost one claim
+        # window in all (the first live waiter back after it takes the lock), not one each.
+        if latency > CLAIM_WINDOW + HANDOFF_MARGIN:
             violations["3 hand-off"].append(
                 f"{rel.name}: next holder {holdings[rel.name, later[0]].wid} sent its taking "
                 f"call {latency:.3f}s after the release of token {rel.token} "
-                f"(bound {bound:.3f}s, {extra} dead registrations)")
+                f"(bound {CLAIM_WINDOW + HANDOFF_MARGIN:.3f}s, {extra} dead registrations)")
 
     # 4. Waits end near their blocking_timeout.
     overruns: dict[str, float] = {"fault-free": 0.0, "returned": 0.0, "raised": 0.0}
+    longest: list[tuple[float, str]] = []  # the worst overruns, explained
     checked_waits = 0
     for wait in waits:
         if wait.end is None or math.isinf(wait.limit):
@@ -693,12 +718,14 @@ def check(chaos: Chaos, observed_until: float, socket_timeout: float,
         checked_waits += 1
         overrun = wait.end - wait.deadline
         raised = wait.outcome not in ("0", "1")
-        allowed = (2 if raised else 1) * socket_timeout + SCHED_MARGIN
-        if _overlaps(chaos.pauses, wait.start, wait.end):
-            allowed += subscribe_confirm  # see SUBSCRIBE_CONFIRM_DEFECT in docs/reliability.md
+        # After its deadline a wait makes at most one call, bounded by the socket timeout; a
+        # failed wait's withdrawal runs on a thread of its own.
+        allowed = socket_timeout + SCHED_MARGIN
         category = ("fault-free" if not _overlaps(faults, wait.start, wait.end + 0.01)
                     else "raised" if raised else "returned")
         overruns[category] = max(overruns[category], overrun)
+        longest.append((overrun, f"{wait.wid} {wait.mode} {wait.outcome} from "
+                        f"{wait.start - chaos.t0:.2f}s: {overrun:.3f}s over"))
         if overrun > allowed:
             violations["4 wait overrun"].append(
                 f"{wait.wid} ({wait.mode}, blocking_timeout {wait.limit}s, {wait.outcome}) "
@@ -728,18 +755,21 @@ def check(chaos: Chaos, observed_until: float, socket_timeout: float,
             "releases_skipped": dict(skipped),
             "worst_s": round(max(handoffs, default=0.0), 4),
             "median_s": round(statistics.median(handoffs), 4) if handoffs else None,
+            "worst_without_dead_registrations_s": round(max(direct, default=0.0), 4),
         },
         "waits": {
             "checked": checked_waits,
             "worst_overrun_s": {k: round(v, 4) for k, v in overruns.items()},
+            "worst": [what for _, what in sorted(longest, reverse=True)[:3]],
         },
         "violations": {k: v for k, v in violations.items() if v},
-        "timeline": [f"{when:.3f} {what}" for when, what in chaos.timeline],
+        "t0": round(chaos.t0, 3),  # time.monotonic() of the timeline's 0, as in the logs
+        "timeline": [f"{when:.2f}s {what}" for when, what in chaos.timeline],
     }
 
 
-def _handoff_context(rel: Release, horizon: float, waits: list[Wait],
-                     chaos: Chaos) -> tuple[str, int]:
+def _handoff_context(rel: Release, horizon: float, waits: list[Wait], chaos: Chaos,
+                     socket_timeout: float) -> tuple[str, int]:
     """Why a release cannot be checked (or ""), and how many dead registrations may be queued
     ahead of the live waiters between the release and ``horizon``."""
     start = rel.sent - 0.1
@@ -767,11 +797,15 @@ def _handoff_context(rel: Release, horizon: float, waits: list[Wait],
                 dead += 1  # may be queued, can never confirm
             continue
         if wait.outcome not in (None, "0", "1"):
-            if ended >= start:
+            # A call that ran but whose reply was lost fails by its socket timeout, unless
+            # the process was stopped before reading the reply.
+            if start <= ended and (ended <= horizon + socket_timeout + SCHED_MARGIN
+                                   or _stopped_during(wait.worker, start, ended)):
                 return "an acquire failed during the hand-off", 0
-            if queues and wait.registered_until() > rel.sent:
-                dead += 1  # its withdrawal may have failed too
-            continue
+            if ended < start:
+                if queues and wait.registered_until() > rel.sent:
+                    dead += 1  # its withdrawal may have failed too
+                continue
         if _stopped_during(wait.worker, start, min(ended, horizon)):
             return "an acquirer was stopped during the hand-off", 0
         if not queues:
@@ -789,7 +823,6 @@ def _handoff_context(rel: Release, horizon: float, waits: list[Wait],
 
 def test_locks_under_chaos(tmp_path: Path) -> None:
     from django_redislua.conf import settings as redislua_settings
-    from django_redislua.locks.waiting import _SUBSCRIBE_CONFIRM
 
     began = now()
     seed = int(os.environ.get("CHAOS_SEED", random.randrange(2**32)))
@@ -806,8 +839,7 @@ def test_locks_under_chaos(tmp_path: Path) -> None:
         chaos_seconds = min(24.0, WALL_LIMIT - (now() - began) - CALM - 8.0 - 6.0)
         chaos.run(chaos_seconds)
         chaos.observed_until = chaos.drain(8.0)
-        figures = check(chaos, chaos.observed_until, redislua_settings.SOCKET_TIMEOUT or 0.0,
-                        _SUBSCRIBE_CONFIRM)
+        figures = check(chaos, redislua_settings.SOCKET_TIMEOUT or 0.0)
     finally:
         chaos.close()
     figures["wall_seconds"] = round(now() - began, 1)
@@ -815,7 +847,7 @@ def test_locks_under_chaos(tmp_path: Path) -> None:
     FIGURES_PATH.write_text(json.dumps(figures, indent=2))
     assert figures["operations"]["acquired"] >= 60, "too little lock work was done"
     assert sum(figures["faults"].values()) >= 12, f"too few faults: {figures['faults']}"
-    assert figures["handoff"]["releases_checked"] >= 10, figures["handoff"]
+    assert figures["handoff"]["releases_checked"] >= 8, figures["handoff"]
     assert not figures["violations"], json.dumps(figures["violations"], indent=2)
     assert figures["wall_seconds"] < WALL_LIMIT
 

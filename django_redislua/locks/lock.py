@@ -27,6 +27,7 @@ import functools
 import logging
 import math
 import secrets
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -319,13 +320,28 @@ class Lock:
         keys, args = wait.withdraw(mode)
         return wait.took(self._call(wait, "django_redislua.lock_withdraw", keys, args)) is None
 
-    def _withdraw_quietly(self, wait: _Wait) -> None:
+    def _withdraw_quietly(self, wait: _Wait, failure: BaseException) -> None:
         """After an interrupted acquire: give back whatever this wait may hold (best effort;
-        if Redis is unreachable the claim or lease runs out by itself)."""
+        if Redis is unreachable the claim or lease runs out by itself). After a Redis failure
+        the withdrawal runs on a daemon thread: the caller's wait must not overrun its timeout
+        by a second socket timeout."""
         from django_redislua.connection import CLIENT_ERRORS
 
-        with contextlib.suppress(*CLIENT_ERRORS):
-            self._withdraw(wait, "give")
+        def withdraw() -> None:
+            with contextlib.suppress(*CLIENT_ERRORS):
+                self._withdraw(wait, "give")
+
+        if isinstance(failure, CLIENT_ERRORS):
+            threading.Thread(target=withdraw, name=f"redislua-withdraw:{self.name}",
+                             daemon=True).start()
+        else:
+            withdraw()
+
+    def _release_failed(self) -> None:
+        """A release whose outcome is unknown (Redis failed): if it was the last hold, stop
+        renewing, so the lease ends by itself instead of living as long as the process."""
+        if not self.reentrant or self._depth <= 1:
+            self._depth = 0
 
     @redis_failures_as_lock_errors
     def acquire(self, blocking: bool | None = None,
@@ -346,8 +362,8 @@ class Lock:
                               or self._withdraw(wait, "take"))
             ):
                 return False
-        except BaseException:
-            self._withdraw_quietly(wait)
+        except BaseException as exc:
+            self._withdraw_quietly(wait, exc)
             raise
         if wait.unreplicated:
             self.release()
@@ -365,9 +381,14 @@ class Lock:
     def release(self) -> None:
         """Release one hold (the last re-entry frees it and offers it to the next waiter);
         owner-checked: LockNotOwned (LeaseLost if this object held it) when not ours."""
+        from django_redislua.connection import CLIENT_ERRORS
+
         keys, args = self._release_call("one" if self.reentrant else "all")
         try:
             self._released(int(get_script("django_redislua.lock_release")(keys=keys, args=args)))
+        except CLIENT_ERRORS:
+            self._release_failed()
+            raise
         finally:
             if self._depth == 0:
                 self._stop_renewing()
@@ -488,10 +509,15 @@ class Lock:
     @redis_failures_as_lock_errors
     async def arelease(self) -> None:
         """The asyncio twin of :meth:`release`."""
+        from django_redislua.connection import CLIENT_ERRORS
+
         keys, args = self._release_call("one" if self.reentrant else "all")
         try:
             self._released(int(await get_script("django_redislua.lock_release").acall(
                 keys=keys, args=args)))
+        except CLIENT_ERRORS:
+            self._release_failed()
+            raise
         finally:
             if self._depth == 0:
                 await self._astop_renewing()

@@ -49,6 +49,12 @@ def _bounded(wait: float, deadline: float | None) -> float:
     return min(max(wait, 0.0), LONGEST_SLEEP)
 
 
+def _confirm_by(deadline: float | None) -> float:
+    """Until when to wait for the SUBSCRIBE confirmation: never past the caller's deadline."""
+    confirm_by = time.monotonic() + _SUBSCRIBE_CONFIRM
+    return confirm_by if deadline is None else min(confirm_by, deadline)
+
+
 def _woken(verdict: bool | float | str, wake_at: float, deadline: float | None) -> float:
     """When to try next after a message that was not for us: unchanged, or (a number) at most
     that many seconds from now."""
@@ -120,7 +126,7 @@ def _wait(pubsub: Any, channel: str, attempt: Attempt, timeout: float | None,
           on_message: OnMessage | None) -> bool:
     deadline = None if timeout is None else time.monotonic() + timeout
     pubsub.subscribe(channel)
-    confirm_by = time.monotonic() + _SUBSCRIBE_CONFIRM
+    confirm_by = _confirm_by(deadline)
     while not _is(pubsub.get_message(timeout=max(confirm_by - time.monotonic(), 0)),
                   "subscribe", channel):
         if time.monotonic() >= confirm_by:
@@ -152,7 +158,7 @@ async def await_until(channel: str, attempt: AsyncAttempt, timeout: float | None
     pubsub = get_async_client().pubsub()
     try:
         await pubsub.subscribe(channel)
-        confirm_by = time.monotonic() + _SUBSCRIBE_CONFIRM
+        confirm_by = _confirm_by(deadline)
         while not _is(
             await pubsub.get_message(timeout=max(confirm_by - time.monotonic(), 0)), "subscribe",
             channel,
