@@ -449,3 +449,18 @@ def test_a_stopped_holder_reads_lost_as_soon_as_it_resumes(r: Any) -> None:
         if process.poll() is None:
             process.kill()
         process.wait()
+
+
+def test_a_release_that_fails_stops_the_renewer(where: str) -> None:
+    from django_redislua.locks import LockUnavailable
+
+    lock = Lock("orphan", timeout=1, auto_renew=True)
+    client = get_client()
+    node = client.get_redis_connection(client.get_node_from_key(lock.keys.base)) \
+        if where == "cluster" else client
+    assert lock.acquire()
+    node.client_pause(800)
+    with pytest.raises(LockUnavailable):
+        lock.release()  # times out (SOCKET_TIMEOUT 0.5 s): its outcome is unknown
+    assert lock._renewer is None  # nothing keeps renewing a lock its owner let go
+    until(lambda: not client.exists(lock.keys.base), 2.5, "the lease to end")
