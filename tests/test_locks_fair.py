@@ -463,3 +463,17 @@ def test_a_release_that_fails_stops_the_renewer(r: Any) -> None:
         lock.release()  # times out (SOCKET_TIMEOUT 0.5 s): its outcome is unknown
     assert lock._renewer is None  # nothing keeps renewing a lock its owner let go
     until(lambda: not r.exists(lock.keys.base), 2.5, "the lease to end")
+
+
+def test_a_newcomer_does_not_overtake_the_queue_when_the_lock_comes_free(where: str) -> None:
+    holder = Lock("newcomer", timeout=0.2)
+    assert holder.acquire()  # never released: its lease runs out
+    queued_first = Lock("newcomer", timeout=30)
+    wait = park(queued_first)
+    time.sleep(0.25)
+    client = get_client()
+    assert not client.exists(holder.keys.base)  # free, with a waiter queued
+    assert not Lock("newcomer", timeout=30).acquire(blocking=False)  # offered to the queue
+    assert client.hget(holder.keys.base, "wait") == wait.id.encode()
+    assert queued_first._withdraw(wait, "take")  # the queued waiter has it
+    queued_first.release()
