@@ -70,15 +70,32 @@ class Lease:
         return self._read(reply, sent_at)
 
 
-def next_renewal(lease: Lease, interval: float, failures: int) -> float | None:
-    """Seconds until the next renewal try, or None when the lease has run out (it is lost)."""
-    left = lease.deadline - time.monotonic()
-    if left <= 0:
-        return None
-    if failures == 0:
-        return min(interval, left)
-    retry: float = FIRST_RETRY * 2 ** (failures - 1)
-    return min(retry, interval, left)
+class _Schedule:
+    """When a renewer tries next, without I/O: every third of the lease; after a failure,
+    back-off until the lease has run out. The thread and the task below only drive it."""
+
+    def __init__(self, lease: Lease, seconds: float) -> None:
+        self.lease, self.seconds = lease, seconds
+        self.failures = 0
+        self.taken = False  # Redis said the lease is someone else's
+
+    def next_delay(self) -> float | None:
+        """Seconds until the next try, or None when the lease is lost (ran out, or taken)."""
+        left = self.lease.deadline - time.monotonic()
+        if self.taken or left <= 0:
+            return None
+        interval = self.seconds / 3
+        if self.failures == 0:
+            return min(interval, left)
+        retry: float = FIRST_RETRY * 2 ** (self.failures - 1)
+        return min(retry, interval, left)
+
+    def record(self, renewed: bool | None) -> None:
+        """The outcome of a try: renewed, refused (not ours), or None (Redis failed)."""
+        if renewed is None:
+            self.failures += 1
+        else:
+            self.failures, self.taken = 0, not renewed
 
 
 def _client_errors() -> tuple[type[BaseException], ...]:
@@ -100,19 +117,14 @@ class Renewer:
         self._thread.start()
 
     def _run(self) -> None:
-        failures = 0
-        while True:
-            delay = next_renewal(self.lease, self.seconds / 3, failures)
-            if delay is None or self._stop.wait(delay):
-                break
+        schedule = _Schedule(self.lease, self.seconds)
+        while (delay := schedule.next_delay()) is not None:
+            if self._stop.wait(delay):
+                return
             try:
-                renewed = self.lease.extend(self.seconds)
+                schedule.record(self.lease.extend(self.seconds))
             except _client_errors():
-                failures += 1
-                continue
-            if not renewed:
-                break
-            failures = 0
+                schedule.record(None)
         if not self._stop.is_set():
             self.on_lost()
 
@@ -130,21 +142,14 @@ class AsyncRenewer:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        failures = 0
-        while True:
-            delay = next_renewal(self.lease, self.seconds / 3, failures)
-            if delay is None:
-                break
+        schedule = _Schedule(self.lease, self.seconds)
+        while (delay := schedule.next_delay()) is not None:
             await asyncio.sleep(delay)
             try:
-                renewed = await self.lease.aextend(self.seconds)
+                schedule.record(await self.lease.aextend(self.seconds))
             except _client_errors():
-                failures += 1
-                continue
-            if not renewed:
-                break
-            failures = 0
-        self.on_lost()
+                schedule.record(None)
+        self.on_lost()  # a stop cancels the task before it gets here
 
     async def stop(self) -> None:
         task = self._task
