@@ -127,26 +127,33 @@ class Script:
         return isinstance(reply, NoScriptError) or (
             isinstance(reply, ResponseError) and _is_missing_function(reply))
 
-    def call_replicated(self, keys: Sequence[KeyArg], args: Sequence[Arg], replicas: int,
-                        timeout_ms: int) -> tuple[Any, int]:
-        """Call the script, then ``WAIT replicas timeout_ms`` on the same connection (WAIT
-        counts the writes of its own connection), pipelined: one round trip. Returns the
-        script's reply and how many replicas acknowledged its writes."""
-        client = get_client()
-        if isinstance(client, RedisCluster):  # the node that owns the keys' slot
-            client = client.get_redis_connection(client.get_node_from_key(keys[0]))
-        for attempt in range(2):
-            pipe = client.pipeline(transaction=False)
-            self._queue(pipe, keys, args, replicas, timeout_ms)
-            reply, acked = pipe.execute(raise_on_error=False)
-            if attempt == 0 and self._missing(reply):
-                self._load(client)
-                continue
-            break
+    @staticmethod
+    def _replicated(reply: Any, acked: Any) -> tuple[Any, int]:
         for value in (reply, acked):
             if isinstance(value, Exception):
                 raise value
         return reply, int(acked)
+
+    def call_replicated(self, keys: Sequence[KeyArg], args: Sequence[Arg], replicas: int,
+                        timeout_ms: int) -> tuple[Any, int]:
+        """Call the script, then ``WAIT replicas timeout_ms`` on the same connection (WAIT
+        counts the writes of its own connection), pipelined: one round trip. Returns the
+        script's reply and how many replicas acknowledged its writes. A script the server
+        lacks is loaded and the pair sent again, once."""
+        client = get_client()
+        if isinstance(client, RedisCluster):  # the node that owns the keys' slot
+            client = client.get_redis_connection(client.get_node_from_key(keys[0]))
+        pipe = client.pipeline(transaction=False)
+        self._queue(pipe, keys, args, replicas, timeout_ms)
+        reply, acked = pipe.execute(raise_on_error=False)
+        if self._missing(reply):
+            if settings.USE_FUNCTIONS:
+                client.function_load(registry.library()[1], replace=True)
+            else:
+                client.script_load(self.source)
+            self._queue(pipe, keys, args, replicas, timeout_ms)
+            reply, acked = pipe.execute(raise_on_error=False)
+        return self._replicated(reply, acked)
 
     async def acall_replicated(self, keys: Sequence[KeyArg], args: Sequence[Arg], replicas: int,
                                timeout_ms: int) -> tuple[Any, int]:
@@ -156,27 +163,17 @@ class Script:
         if isinstance(client, redis.asyncio.cluster.RedisCluster):
             raise redis.exceptions.RedisClusterException(
                 "waiting for replicas is not available with the asyncio cluster client")
-        for attempt in range(2):
-            pipe = client.pipeline(transaction=False)
+        pipe = client.pipeline(transaction=False)
+        self._queue(pipe, keys, args, replicas, timeout_ms)
+        reply, acked = await pipe.execute(raise_on_error=False)
+        if self._missing(reply):
+            if settings.USE_FUNCTIONS:
+                await client.function_load(registry.library()[1], replace=True)
+            else:
+                await client.script_load(self.source)
             self._queue(pipe, keys, args, replicas, timeout_ms)
             reply, acked = await pipe.execute(raise_on_error=False)
-            if attempt == 0 and self._missing(reply):
-                if settings.USE_FUNCTIONS:
-                    await client.function_load(registry.library()[1], replace=True)
-                else:
-                    await client.script_load(self.source)
-                continue
-            break
-        for value in (reply, acked):
-            if isinstance(value, Exception):
-                raise value
-        return reply, int(acked)
-
-    def _load(self, client: redis.Redis) -> None:
-        if settings.USE_FUNCTIONS:
-            client.function_load(registry.library()[1], replace=True)
-        else:
-            client.script_load(self.source)
+        return self._replicated(reply, acked)
 
 
 class Registry:
