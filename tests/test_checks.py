@@ -137,6 +137,24 @@ def test_e019_timeouts():
     assert ids(CONNECTION_OPTIONS=[]) == ["redislua.E019"]
 
 
+def test_e023_lock_claim_window():
+    assert ids(LOCK_CLAIM_WINDOW=0) == ["redislua.E023"]
+    assert ids(LOCK_CLAIM_WINDOW=61) == ["redislua.E023"]
+    assert ids(LOCK_CLAIM_WINDOW="1s") == ["redislua.E023"]
+    assert ids(LOCK_CLAIM_WINDOW=True) == ["redislua.E023"]
+    assert ids(LOCK_CLAIM_WINDOW=0.25) == []
+
+
+def test_a_bad_claim_window_leaves_locks_working_on_the_default(settings):
+    from django_redislua.conf import settings as redislua_settings
+    from django_redislua.locks import Lock
+
+    settings.REDISLUA = {**settings.REDISLUA, "LOCK_CLAIM_WINDOW": "soon"}
+    assert redislua_settings.LOCK_CLAIM_WINDOW == 1.0
+    with Lock("bad-window", timeout=5) as lock:
+        assert lock.owned()
+
+
 def test_w001_unknown_setting():
     assert ids(POLICY={"p": {}}) == ["redislua.W001"]
 

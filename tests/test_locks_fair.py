@@ -20,7 +20,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_redislua.connection import get_client
-from django_redislua.locks import Lock
+from django_redislua.locks import Lock, LockNotOwned
 from django_redislua.locks.lock import _Wait
 from django_redislua.scripts import get_script
 from django_redislua.testing import CommandRecorder
@@ -212,7 +212,7 @@ django.setup()
 from django.conf import settings
 from django.test import override_settings
 from django_redislua.connection import get_client
-from django_redislua.locks import Lock
+from django_redislua.locks import Lock, LockNotOwned
 with override_settings(REDISLUA={**settings.REDISLUA, "LOCK_CLAIM_WINDOW": float(sys.argv[1])}):
     lock = Lock("proc", timeout=20)
     assert lock.acquire()
@@ -418,7 +418,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 import django
 django.setup()
 from django_redislua.connection import get_client
-from django_redislua.locks import Lock
+from django_redislua.locks import Lock, LockNotOwned
 client = get_client()
 lock = Lock("stopped", timeout=1, auto_renew=True,
             on_lost=lambda lock: client.set("on-lost-at", repr(time.monotonic())))
@@ -477,3 +477,17 @@ def test_a_newcomer_does_not_overtake_the_queue_when_the_lock_comes_free(where: 
     assert client.hget(holder.keys.base, "wait") == wait.id.encode()
     assert queued_first._withdraw(wait, "take")  # the queued waiter has it
     queued_first.release()
+
+
+async def test_async_renewal_reports_a_lease_taken_by_another(where: str) -> None:
+    from django_redislua.locks.inspect import force_release
+
+    lost: list[Lock] = []
+    lock = Lock("ataken", timeout=0.6, auto_renew=True, on_lost=lost.append)
+    assert await lock.aacquire()
+    assert force_release("ataken")
+    assert await Lock("ataken", timeout=30).aacquire(blocking=False)  # someone else has it
+    await auntil(lambda: bool(lost), 2)  # the next renewal (at 0.2 s) is refused
+    assert lost == [lock] and lock.lost
+    with pytest.raises(LockNotOwned):
+        await lock.arelease()
