@@ -13,7 +13,7 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
-from django_redislua.conf import DEFAULTS, HEADER_MODES
+from django_redislua.conf import DEFAULTS, HEADER_MODES, valid_claim_window
 from django_redislua.limiting.policy import POLICY_OPTIONS, PolicyError
 from django_redislua.limiting.registry import build_policy
 from django_redislua.links import check_url
@@ -135,7 +135,7 @@ def _scalars(config: dict[str, Any]) -> list[CheckMessage]:
                 )
             )
     window = config.get("LOCK_CLAIM_WINDOW", DEFAULTS["LOCK_CLAIM_WINDOW"])
-    if isinstance(window, bool) or not isinstance(window, (int, float)) or not 0 < window <= 60:
+    if not valid_claim_window(window):
         messages.append(
             _error(
                 "redislua.E023",

@@ -40,6 +40,11 @@ DEFAULTS: dict[str, Any] = {
 HEADER_MODES = ("ietf", "legacy", "both", None)
 
 
+def valid_claim_window(value: Any) -> bool:
+    """``LOCK_CLAIM_WINDOW``: a number of seconds in (0, 60]."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value <= 60
+
+
 @functools.cache
 def _merged() -> dict[str, Any]:
     user = getattr(django_settings, "REDISLUA", {})
@@ -136,9 +141,7 @@ class Settings:
     def LOCK_CLAIM_WINDOW(self) -> float:
         value = _merged()["LOCK_CLAIM_WINDOW"]
         # checks.py reports anything else as redislua.E023; the lock keeps working on 1 s.
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 60:
-            return 1.0
-        return float(value)
+        return float(value) if valid_claim_window(value) else 1.0
 
 
 settings = Settings()
