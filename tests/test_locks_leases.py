@@ -30,6 +30,7 @@ from django_redislua.locks import (
 )
 from django_redislua.locks.inspect import force_release
 from django_redislua.locks.keys import keys_for
+from django_redislua.locks.lock import _background
 from django_redislua.testing import RedisServer
 
 
@@ -332,3 +333,30 @@ async def test_async_a_lock_waiting_for_replicas_refuses_without_them() -> None:
 def test_replicas_must_be_a_count() -> None:
     with pytest.raises(ValueError, match="replicas"):
         Lock("x", timeout=5, replicas=-1)
+
+
+@pytest.mark.cluster
+def test_waiting_for_a_replica_on_the_cluster(redis_cluster: Any) -> None:
+    with override_settings(REDISLUA={"CONNECTION": redis_cluster.url, "SOCKET_TIMEOUT": 5}):
+        lock = Lock("cluster-durable", timeout=30, replicas=1, replica_timeout=3)
+        assert lock.acquire()  # WAIT went to the primary that owns the lock's slot
+        assert lock.owned()
+        lock.release()
+        with pytest.raises(LockUnavailable, match="replica"):
+            Lock("cluster-durable", timeout=30, replicas=2, replica_timeout=0.2).acquire()
+        assert not lock.locked()
+
+
+@pytest.fixture
+def on_cluster(redis_cluster: Any) -> Iterator[None]:
+    with override_settings(REDISLUA={"CONNECTION": redis_cluster.url}):
+        yield
+
+
+@pytest.mark.cluster
+async def test_async_waiting_for_replicas_is_refused_on_the_cluster(on_cluster: None) -> None:
+    lock = Lock("acluster-durable", timeout=30, replicas=1)
+    with pytest.raises(LockUnavailable, match="asyncio cluster"):
+        await lock.aacquire()
+    await asyncio.gather(*_background)  # the refused wait's clean-up, on this loop
+    assert not await lock.alocked()
