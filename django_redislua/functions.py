@@ -68,7 +68,7 @@ def load_functions(check_only: bool = False) -> list[ScriptStatus]:
 
     Removing them is safe during a rolling deploy: a server still running an earlier release
     that calls a function of its removed library gets "function not found" and loads its own
-    library again (``scripts._call_function``), once.
+    library again (``Script.__call__``), once.
     """
     lib_name, source = registry.library()
     report = []

@@ -27,6 +27,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from django_redislua.conf import settings
 from django_redislua.connection import AsyncClient, SyncClient, get_async_client, get_client
+from django_redislua.lean import async_channel_for, channel_for
 
 INCLUDE = re.compile(r"^--#include\s+(\S+)\s*$", re.MULTILINE)
 
@@ -89,13 +90,17 @@ class Script:
         client: SyncClient | None = None,
     ) -> Any:
         client = client or get_client()
-        if settings.USE_FUNCTIONS:
-            return _call_function(self, client, keys, args)
+        channel = channel_for(client)
+        send = client.execute_command if channel is None else channel.call
+        command = self._command(keys, args)
         try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            client.script_load(self.source)
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+            return send(*command)
+        except ResponseError as exc:
+            load = self._load_command(exc)
+            if load is None:
+                raise
+        send(*load)
+        return send(*command)
 
     async def acall(
         self,
@@ -104,14 +109,32 @@ class Script:
         client: AsyncClient | None = None,
     ) -> Any:
         client = client or get_async_client()
-        if settings.USE_FUNCTIONS:
-            return await _acall_function(self, client, keys, args)
+        channel = async_channel_for(client)
+        send = client.execute_command if channel is None else channel.call
+        command = self._command(keys, args)
         try:
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await client.script_load(self.source)
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
+            return await send(*command)
+        except ResponseError as exc:
+            load = self._load_command(exc)
+            if load is None:
+                raise
+        await send(*load)
+        return await send(*command)
 
+    def _command(self, keys: Sequence[KeyArg], args: Sequence[Arg]) -> tuple[Any, ...]:
+        """``EVALSHA sha n keys args``, or ``FCALL`` of this script's function."""
+        if settings.USE_FUNCTIONS:
+            return ("FCALL", function_name(self, registry.library()[0]), len(keys), *keys, *args)
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def _load_command(self, error: ResponseError) -> tuple[Any, ...] | None:
+        """What loads the script a call just found missing (``SCRIPT LOAD``, or ``FUNCTION LOAD
+        REPLACE`` of the library), or None when ``error`` is something else."""
+        if isinstance(error, NoScriptError):
+            return ("SCRIPT LOAD", self.source)
+        if settings.USE_FUNCTIONS and _is_missing_function(error):
+            return ("FUNCTION LOAD", "REPLACE", registry.library()[1])
+        return None
 
     # -- followed by WAIT, for writes that must reach replicas before they count --------------
 
@@ -253,31 +276,3 @@ def get_script(name: str) -> Script:
 
 def _is_missing_function(exc: ResponseError) -> bool:
     return "function not found" in str(exc).lower()
-
-
-def _call_function(
-    script: Script, client: SyncClient, keys: Sequence[KeyArg], args: Sequence[Arg]
-) -> Any:
-    lib_name, source = registry.library()
-    name = function_name(script, lib_name)
-    try:
-        return client.fcall(name, len(keys), *keys, *args)
-    except ResponseError as exc:
-        if not _is_missing_function(exc):
-            raise
-        client.function_load(source, replace=True)
-        return client.fcall(name, len(keys), *keys, *args)
-
-
-async def _acall_function(
-    script: Script, client: AsyncClient, keys: Sequence[KeyArg], args: Sequence[Arg]
-) -> Any:
-    lib_name, source = registry.library()
-    name = function_name(script, lib_name)
-    try:
-        return await client.fcall(name, len(keys), *keys, *args)
-    except ResponseError as exc:
-        if not _is_missing_function(exc):
-            raise
-        await client.function_load(source, replace=True)
-        return await client.fcall(name, len(keys), *keys, *args)
