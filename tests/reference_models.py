@@ -139,17 +139,16 @@ class TokenBucket(Model):
 
     def check(self, key: str, now: int, cost: int, lease: str = "") -> Pending:
         capacity, p, q = self.limit, self.param, self.q
-        tokens, a, b = self.state.get(key, (capacity, now, 0))
+        taken, a, b = self.state.get(key, (0, now, 0))  # tokens taken, not yet refilled
         elapsed = (now - a) * q - b
         if elapsed > 0:
             refill = elapsed // p
-            if tokens + refill >= capacity:
-                tokens, a, b = capacity, now, 0
+            if refill >= taken:
+                taken, a, b = 0, now, 0
             else:
                 nb = b + refill * p
-                tokens, a, b = tokens + refill, a + nb // q, nb % q
-        if tokens > capacity:
-            tokens, a, b = capacity, now, 0
+                taken, a, b = taken - refill, a + nb // q, nb % q
+        tokens = capacity - taken
         allowed = tokens >= cost
 
         def until(k: int) -> int:
@@ -160,13 +159,13 @@ class TokenBucket(Model):
             return 0 if t >= capacity else until(capacity - t)
 
         def commit() -> int:
-            self.state[key] = (tokens - cost, a, b)
+            self.state[key] = (capacity - tokens + cost, a, b)
             return full_in(tokens - cost)
 
         def report(committed: bool) -> tuple[int, int, int]:
             left = tokens - cost if committed else tokens
             retry = 0 if allowed else until(cost - tokens)
-            return left, full_in(left), retry
+            return max(0, left), full_in(left), retry
 
         return Pending(allowed, commit, report)
 

@@ -22,11 +22,12 @@ import pytest
 import redis
 from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory, override_settings
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from django_redislua.connection import get_client
 from django_redislua.decorators import ratelimit
+from django_redislua.limiting import denials
 
 ALGORITHMS = ["fixed_window", "sliding_log", "sliding_window", "token_bucket", "leaky_bucket",
               "gcra"]
@@ -136,9 +137,18 @@ def get_client_url() -> str:
 @SETTINGS
 @given(rules=st.lists(rule_specs, min_size=1, max_size=4), sequence=requests)
 def test_random_stacks_match_the_model(rules: list[RuleSpec], sequence: list[Any]) -> None:
+    # The model counts units used. A leaky bucket's and GCRA's state is time (water, a
+    # theoretical arrival time), which a rule reads at its own rate: rules of different rates
+    # sharing one of them disagree on how many units that time is, by design (ratelimit.md).
+    assume(not any(
+        r.algorithm in ("leaky_bucket", "gcra") and (r.group, r.algorithm) == (o.group, o.algorithm)
+        and r.count != o.count and not broken(r) and not broken(o)
+        for r in rules for o in rules
+    ))
     client = get_client()
     assert isinstance(client, redis.Redis)
     client.flushall()
+    denials.forget()  # this process's denials of the keys just flushed
     view = build_view(rules)
     model = Model()
     for method, who in sequence:
