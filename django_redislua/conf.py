@@ -35,6 +35,9 @@ DEFAULTS: dict[str, Any] = {
     "USE_FUNCTIONS": False,
     # Seconds a waiter handed a lock has to confirm it; an unconfirmed hand-off passes on.
     "LOCK_CLAIM_WINDOW": 1.0,
+    # Answer a denied policy and identity in-process until Redis would lift the denial (at most
+    # 1 s): a flood from one identity costs no round trip. Never admits; see limiting/denials.py.
+    "LOCAL_DENY": True,
 }
 
 HEADER_MODES = ("ietf", "legacy", "both", None)
@@ -142,6 +145,12 @@ class Settings:
         value = _merged()["LOCK_CLAIM_WINDOW"]
         # checks.py reports anything else as redislua.E023; the lock keeps working on 1 s.
         return float(value) if valid_claim_window(value) else 1.0
+
+
+    @property
+    def LOCAL_DENY(self) -> bool:
+        # checks.py reports a value that is not a bool as redislua.E024.
+        return bool(_merged()["LOCAL_DENY"])
 
 
 settings = Settings()

@@ -1,6 +1,6 @@
 """Fixtures: a real Redis server (REDIS_URL, else one started by tests/settings.py),
-flushed (keys, scripts, functions) before every test; a MONITOR command recorder; a real
-6-node cluster for cluster tests."""
+flushed (keys, scripts, functions, and the local denial cache) before every test; a MONITOR
+command recorder; a real 6-node cluster for cluster tests."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import redis
 
 from django_redislua import request_layer
 from django_redislua.connection import get_client
+from django_redislua.limiting import denials
 from django_redislua.testing import (
     CommandRecorder,
     RedisClusterServers,
@@ -26,6 +27,7 @@ def _flush_redis() -> Iterator[None]:
     client.flushall()
     client.script_flush()
     client.function_flush()
+    denials.forget()  # the process's denials of keys FLUSHALL just removed
     yield
 
 

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_redislua.connection import get_client
-from django_redislua.limiting import Decision, Policy, evaluate
+from django_redislua.limiting import Decision, Policy, denials, evaluate
 from tests import reference_models as ref
 
 BASE_US = 1_700_000_000_000_000
@@ -43,6 +43,12 @@ class TransactionalClient:
         self.client = client
         self.pttls: dict[str, int] = {}
 
+    def execute_command(self, command: str, *args: Any) -> Any:
+        if command == "SCRIPT LOAD":
+            return self.client.script_load(*args)
+        assert command == "EVALSHA"
+        return self.evalsha(*args)
+
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
         keys = keys_and_args[:numkeys]
         pipe = self.client.pipeline(transaction=True)
@@ -55,9 +61,6 @@ class TransactionalClient:
             raise replies[0]
         self.pttls = {key: replies[1 + 2 * i] for i, key in enumerate(keys)}
         return replies[0]
-
-    def script_load(self, source: str) -> Any:
-        return self.client.script_load(source)
 
 
 def make_policy(name: str, algorithm: str, count: int, period_s: int, burst: int | None) -> Policy:
@@ -93,6 +96,15 @@ def model_for(policy: Policy) -> ref.Model:
 
 
 def assert_agree(decision: Decision, outcome: ref.Outcome, policy: Policy) -> None:
+    if decision.local:
+        # The local denial cache answered: Redis (the model) denies too, with the same wait and
+        # reset; the quota it reported can only have grown since (a bucket refilling part of a
+        # cost above 1), never shrunk (this process is the only one consuming here).
+        assert (decision.allowed, decision.reset_after, decision.retry_after) == (
+            outcome.allowed, outcome.reset_after_us / 1e6, outcome.retry_after_us / 1e6)
+        assert 0 <= decision.remaining <= outcome.remaining
+        assert decision.limit == policy.limit and decision.policy is policy
+        return
     assert (decision.allowed, decision.remaining, decision.reset_after, decision.retry_after) == (
         outcome.allowed,
         outcome.remaining,
@@ -158,6 +170,7 @@ def test_single_policy_matches_model(algorithm: str, data: st.DataObject) -> Non
     client = get_client()
     assert isinstance(client, redis.Redis)
     client.flushall()
+    denials.forget()
     tx = TransactionalClient(client)
     policy = data.draw(policies("prop", algorithm))
     model = model_for(policy)
@@ -200,6 +213,7 @@ def test_multi_policy_gates_match_model(data: st.DataObject, algorithms: list[st
     client = get_client()
     assert isinstance(client, redis.Redis)
     client.flushall()
+    denials.forget()
     tx = TransactionalClient(client)
     chosen = [data.draw(policies(f"mix{i}", algorithm)) for i, algorithm in enumerate(algorithms)]
     models = [model_for(p) for p in chosen]

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from django.test import AsyncClient, Client, override_settings
 
+from django_redislua.limiting import denials
 from django_redislua.testing import RedisServer
 
 pytestmark = pytest.mark.django_db
@@ -64,6 +65,10 @@ def test_server_stopped(client: Client, server: RedisServer, kind: str, fail_ope
         assert [client.get("/rl/inline/").status_code for _ in range(3)] == [200] * 3
         assert client.get("/rl/inline/").status_code == 429  # really limited while up
         server.stop()
+        # The denial Redis gave is still known here (at most LOCAL_DENY's horizon, 1 s): the
+        # outage does not open the door to the identity just refused.
+        assert timed(client, "/rl/inline/")[0] == 429
+        denials.forget()
         with caplog.at_level(logging.WARNING, logger="django_redislua"):
             results = [timed(client, "/rl/inline/") for _ in range(5)]
     assert [status for status, _ in results] == [expected] * 5

@@ -24,6 +24,7 @@ from django_redislua.connection import (
     get_client,
     on_throwaway_loop,
 )
+from django_redislua.limiting import denials
 from django_redislua.limiting.policy import Decision, Policy, PolicyError, RateLimited
 from django_redislua.scripts import get_script
 
@@ -56,14 +57,78 @@ def _doomed(policy: Policy, cost: int) -> bool:
     return cost > policy.limit
 
 
+def _denied(policy: Policy, identity: str | bytes | int) -> Decision:
+    """The denial of a check no wait can admit (see :func:`_doomed`)."""
+    return Decision(False, policy.limit, policy.limit, 0.0, NEVER, policy, identity)
+
+
+def _extra(policy: Policy) -> Any:
+    """The script's per-policy "extra" argument: a fresh nonce for the sliding log's entry and
+    for a concurrency lease, the bucket's interval denominator otherwise."""
+    return _nonce() if policy.code in ("sl", "cc") else policy.extra
+
+
+class _One:
+    """One check as data, no I/O: the lean common case (a single policy on a request).
+
+    ``decision`` is set when no round trip is needed (a doomed check, or a denial this process
+    already knows, see :mod:`denials`); otherwise ``command`` is the script call to make and
+    :meth:`result` turns its reply into the Decision.
+    """
+
+    __slots__ = (
+        "args",
+        "cost",
+        "decision",
+        "extra",
+        "identity",
+        "key",
+        "peek",
+        "policy",
+        "sent",
+    )
+
+    def __init__(self, policy: Policy, identity: str | bytes | int, cost: int, peek: bool,
+                 now_us: int | None) -> None:
+        _validate(policy, cost)
+        self.policy, self.identity, self.cost, self.peek = policy, identity, cost, peek
+        self.decision: Decision | None = None
+        if cost > policy.limit:
+            self.decision = _denied(policy, identity)
+            return
+        self.key = key = policy.redis_key(identity)
+        self.sent = denials.clock(now_us)
+        if not peek:
+            self.decision = denials.answer(key, cost, self.sent, policy, identity)
+            if self.decision is not None:
+                return
+        self.extra = _extra(policy)
+        self.args = ["peek" if peek else "hit", "" if now_us is None else now_us, policy.code,
+                     policy.limit, policy.param, cost, self.extra, "1"]
+
+    def result(self, reply: Sequence[int]) -> Decision:
+        policy = self.policy
+        allowed = reply[0] == 1
+        lease = self.extra if allowed and policy.code == "cc" and not self.peek else None
+        decision = Decision(allowed, policy.limit, reply[1], reply[2] / US, reply[3] / US,
+                            policy, self.identity, lease)
+        if not self.peek:
+            if allowed:
+                denials.forget_on_admit(self.key)
+            else:
+                denials.record(self.key, self.cost, self.sent, policy, reply)
+        return decision
+
+
 class _Plan:
-    """One decision as data, no I/O: the script calls to make, and the Decisions from their
+    """Several checks as data, no I/O: the script calls to make, and the Decisions from their
     replies. ``evaluate`` and ``aevaluate`` only drive it, so the two cannot drift apart.
 
     Checks on the same state key (one policy and identity reached by two rules) are merged into
     one: the strictest policy (least capacity), the largest cost, gating if either gates; each
-    of them gets the merged Decision. Checks that cannot succeed (see :func:`_doomed`) are
-    denied here without a round trip; a doomed gating check closes the gate for the others.
+    of them gets the merged Decision. Checks decided here, without a round trip (doomed ones,
+    see :func:`_doomed`, and denials this process already knows, see :mod:`denials`), are
+    denials; a gating one closes the gate for the others.
     """
 
     def __init__(
@@ -71,23 +136,9 @@ class _Plan:
         cluster: bool,
     ) -> None:
         self.peek = peek
-        self.leases: list[str | None]
-        self.calls: list[tuple[list[str], list[Any]]]
-        if len(checks) == 1 and checks[0][2] <= checks[0][0].limit:
-            # The common case (one live check), kept lean: it is on every request's path.
-            policy, identity, cost = checks[0]
-            _validate(policy, cost)
-            gate = 0 not in soft
-            key = policy.redis_key(identity)
-            self.index, self.unique, self.groups = [0], [(policy, identity, cost, gate, key)], [[0]]
-            self.doomed, self.gate_closed, self.leases = [False], False, [None]
-            extra = self._extra(policy, 0)
-            self.calls = [([key], ["peek" if peek else "hit", "" if now_us is None else now_us,
-                                   policy.code, policy.limit, policy.param, cost, extra,
-                                   "1" if gate else "0"])]
-            return
+        self.sent = denials.clock(now_us)
         by_key: dict[str, int] = {}
-        self.index = []  # check i -> its unique check
+        self.index: list[int] = []  # check i -> its unique check
         unique: list[tuple[Policy, str | bytes | int, int, bool, str]] = []
         for i, (policy, identity, cost) in enumerate(checks):
             _validate(policy, cost)
@@ -104,12 +155,16 @@ class _Plan:
             strictest = policy if policy.limit < other.limit else other
             unique[j] = (strictest, other_identity, max(cost, other_cost), gate or other_gate, key)
         self.unique = unique
-        doomed = [_doomed(policy, cost) for policy, _i, cost, _g, _k in unique]
-        self.doomed = doomed
-        # A gating check no wait can admit denies the request: no gating check may consume.
-        self.gate_closed = any(d and u[3] for d, u in zip(doomed, unique, strict=True))
+        self.known: list[Decision | None] = [
+            _denied(policy, identity) if _doomed(policy, cost)
+            else None if peek else denials.answer(key, cost, self.sent, policy, identity)
+            for policy, identity, cost, _gate, key in unique
+        ]
+        # A gating check denied already denies the request: no gating check may consume.
+        self.gate_closed = any(
+            known is not None and u[3] for known, u in zip(self.known, unique, strict=True))
         mode = "peek" if peek else ("soft" if self.gate_closed else "hit")
-        live = [j for j in range(len(unique)) if not doomed[j]]
+        live = [j for j in range(len(unique)) if self.known[j] is None]
         if cluster and len(live) > 1:
             slots: dict[int, list[int]] = {}
             for j in live:
@@ -118,42 +173,22 @@ class _Plan:
         else:
             groups = [live] if live else []
         self.groups = groups
-        self.leases = [None] * len(unique)
-        self.calls = []
+        self.extras: list[Any] = [None] * len(unique)
+        self.calls: list[tuple[list[str], list[Any]]] = []
         for group in groups:
             keys: list[str] = []
             args: list[Any] = [mode, "" if now_us is None else now_us]
             for j in group:
                 policy, _identity, cost, gate, key = unique[j]
                 keys.append(key)
-                args += (policy.code, policy.limit, policy.param, cost, self._extra(policy, j),
+                self.extras[j] = _extra(policy)
+                args += (policy.code, policy.limit, policy.param, cost, self.extras[j],
                          "1" if gate else "0")
             self.calls.append((keys, args))
 
-    def _extra(self, policy: Policy, j: int) -> Any:
-        """The script's "extra" argument of unique check ``j``; a concurrency check's lease id
-        is also kept in ``self.leases[j]``."""
-        if policy.code == "sl":
-            return _nonce()
-        if policy.code == "cc":
-            lease = self.leases[j] = _nonce()
-            return lease
-        return policy.extra
-
     def decisions(self, replies: Sequence[Sequence[int]]) -> list[Decision]:
-        if len(self.index) == 1 and self.groups:  # one live check: the lean path again
-            policy, identity = self.unique[0][0], self.unique[0][1]
-            reply = replies[0]
-            allowed = reply[0] == 1
-            lease = self.leases[0] if allowed and not self.peek else None
-            return [Decision(allowed, policy.limit, reply[1], reply[2] / US, reply[3] / US,
-                             policy, identity, lease)]
-        unique, peek, leases = self.unique, self.peek, self.leases
-        # Denials decided here (no wait can lift them) need no reply.
-        out: list[Decision | None] = [
-            Decision(False, u[0].limit, u[0].limit, 0.0, NEVER, u[0], u[1]) if doomed else None
-            for u, doomed in zip(unique, self.doomed, strict=True)
-        ]
+        unique, peek = self.unique, self.peek
+        out = list(self.known)
         for group, reply in zip(self.groups, replies, strict=True):
             gates_allow = not self.gate_closed
             if gates_allow:
@@ -162,13 +197,19 @@ class _Plan:
                         gates_allow = False
                         break
             for n, j in enumerate(group):
-                policy, identity, _cost, gate, _key = unique[j]
+                policy, identity, cost, gate, key = unique[j]
                 allowed = reply[4 * n] == 1
                 consumed = allowed and not peek and (gates_allow or not gate)
-                out[j] = Decision(
+                lease = self.extras[j] if consumed and policy.code == "cc" else None
+                decision = Decision(
                     allowed, policy.limit, reply[4 * n + 1], reply[4 * n + 2] / US,
-                    reply[4 * n + 3] / US, policy, identity, leases[j] if consumed else None,
+                    reply[4 * n + 3] / US, policy, identity, lease,
                 )
+                if consumed:
+                    denials.forget_on_admit(key)
+                elif not allowed and not peek:
+                    denials.record(key, cost, self.sent, policy, reply[4 * n:4 * n + 4])
+                out[j] = decision
         return [cast(Decision, out[j]) for j in self.index]
 
 
@@ -188,6 +229,8 @@ def evaluate(
     others from consuming, and they consume whenever they allow. The others are all-or-nothing
     among themselves. ``now_us`` is for tests.
     """
+    if len(checks) == 1:  # one check gates nothing but itself: ``soft`` changes nothing
+        return [decide(*checks[0], peek=peek, now_us=now_us, client=client)]
     if client is None:
         client = get_client()
     plan = _Plan(checks, peek, now_us, soft, _on_cluster(checks, client))
@@ -195,20 +238,46 @@ def evaluate(
     return plan.decisions([script(keys, args, client=client) for keys, args in plan.calls])
 
 
+def decide(
+    policy: Policy, identity: str | bytes | int, cost: int, *, peek: bool = False,
+    now_us: int | None = None, client: SyncClient | None = None,
+) -> Decision:
+    """One check: :func:`evaluate` of ``[(policy, identity, cost)]``, without the list."""
+    one = _One(policy, identity, cost, peek, now_us)
+    if one.decision is not None:
+        return one.decision
+    return one.result(get_script(SCRIPT)((one.key,), one.args, client=client))
+
+
 async def aevaluate(
     checks: Sequence[Check], *, peek: bool = False, now_us: int | None = None,
     client: AsyncClient | None = None, soft: Collection[int] = (),
 ) -> list[Decision]:
     """The asyncio twin of :func:`evaluate`."""
+    if client is None and on_throwaway_loop():  # an async view under WSGI: see on_throwaway_loop
+        return evaluate(checks, peek=peek, now_us=now_us, soft=soft)
+    if len(checks) == 1:
+        return [await adecide(*checks[0], peek=peek, now_us=now_us, client=client)]
     if client is None:
-        if on_throwaway_loop():  # an async view under WSGI: see on_throwaway_loop
-            return evaluate(checks, peek=peek, now_us=now_us, soft=soft)
         client = get_async_client()
     plan = _Plan(checks, peek, now_us, soft, _on_cluster(checks, client))
     script = get_script(SCRIPT)
     return plan.decisions(
         [await script.acall(keys, args, client=client) for keys, args in plan.calls]
     )
+
+
+async def adecide(
+    policy: Policy, identity: str | bytes | int, cost: int, *, peek: bool = False,
+    now_us: int | None = None, client: AsyncClient | None = None,
+) -> Decision:
+    """The asyncio twin of :func:`decide`."""
+    if client is None and on_throwaway_loop():
+        return decide(policy, identity, cost, peek=peek, now_us=now_us)
+    one = _One(policy, identity, cost, peek, now_us)
+    if one.decision is not None:
+        return one.decision
+    return one.result(await get_script(SCRIPT).acall((one.key,), one.args, client=client))
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from redis.exceptions import NoScriptError
 
 from django_redislua.conf import settings
 from django_redislua.connection import get_client, primary_nodes
+from django_redislua.limiting import denials
 from django_redislua.limiting.identity import bound_identity
 from django_redislua.limiting.policy import ALGORITHMS, Policy, PolicyError
 from django_redislua.limiting.registry import get_policy
@@ -308,6 +309,7 @@ def reset_key(key: str) -> bool:
     """
     if parse_key(key) is None:
         raise ValueError(f"{key!r} is not a rate-limit key of this app")
+    denials.forget(key)  # this process at once; the others within the cache's 1 s horizon
     return bool(get_client().delete(key))
 
 

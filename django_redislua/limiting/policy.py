@@ -226,14 +226,16 @@ class Policy:
 
     # -- deciding (one round trip each) -------------------------------------------------------
     def hit(self, key: str | bytes | int, cost: int | None = None) -> Decision:
-        return engine.evaluate([(self, key, self.cost if cost is None else cost)])[0]
+        return engine.decide(self, key, self.cost if cost is None else cost)
 
     def peek(self, key: str | bytes | int) -> Decision:
-        return engine.evaluate([(self, key, self.cost)], peek=True)[0]
+        return engine.decide(self, key, self.cost, peek=True)
 
     def reset(self, key: str | bytes | int) -> bool:
         """Forget ``key``'s state; False when there was none."""
-        return bool(get_client().delete(self.redis_key(key)))
+        state = self.redis_key(key)
+        denials.forget(state)
+        return bool(get_client().delete(state))
 
     def release(self, key: str | bytes | int, decision: Decision) -> None:
         """Give back a concurrency slot taken by ``decision``."""
@@ -241,15 +243,17 @@ class Policy:
             get_client().zrem(self.redis_key(key), decision.lease)
 
     async def ahit(self, key: str | bytes | int, cost: int | None = None) -> Decision:
-        return (await engine.aevaluate([(self, key, self.cost if cost is None else cost)]))[0]
+        return await engine.adecide(self, key, self.cost if cost is None else cost)
 
     async def apeek(self, key: str | bytes | int) -> Decision:
-        return (await engine.aevaluate([(self, key, self.cost)], peek=True))[0]
+        return await engine.adecide(self, key, self.cost, peek=True)
 
     async def areset(self, key: str | bytes | int) -> bool:
         if on_throwaway_loop():
             return self.reset(key)
-        return bool(await get_async_client().delete(self.redis_key(key)))
+        state = self.redis_key(key)
+        denials.forget(state)
+        return bool(await get_async_client().delete(state))
 
     async def arelease(self, key: str | bytes | int, decision: Decision) -> None:
         if on_throwaway_loop():
@@ -321,6 +325,7 @@ class Decision:
     policy: Policy
     key: str | bytes | int = ""
     lease: str | None = None
+    local: bool = False  # answered by this process's denial cache, without a round trip
 
     def __bool__(self) -> bool:
         return self.allowed
@@ -343,4 +348,4 @@ class RateLimited(Exception):
 # At the bottom: the engine imports this module, and Policy's methods call into the engine. A
 # module-level import (not one inside each method, which costs microseconds per call) keeps
 # the hot path lean.
-from django_redislua.limiting import engine  # noqa: E402
+from django_redislua.limiting import denials, engine  # noqa: E402

@@ -1,0 +1,117 @@
+"""The local denial cache: a flood from one identity answered without a round trip.
+
+When Redis denies a policy and identity for cost ``c`` with ``retry_after`` r, no request of
+that policy and identity with a cost of ``c`` or more can be admitted before ``r`` has passed
+on the server (every algorithm's answer is monotonic in cost, and other requests only take
+more). So this process answers such requests itself until ``sent + min(r, 1 s)``, ``sent``
+being when the denied request was sent (before the server decided: never later than Redis
+would lift the denial). Then it asks Redis again.
+
+It answers the same cost ``c`` (a flood repeats one request), and for a fixed window any larger
+cost too: there the wait does not depend on the cost. For the other algorithms a larger cost
+waits longer than ``r`` by an amount only the server's state tells, so it goes to Redis: a local
+answer must carry the ``Retry-After`` Redis would give.
+
+- It only denies, never admits: it cannot let through what Redis would refuse.
+- A local answer carries Redis's word: ``retry_after`` and ``reset_after`` count down to the
+  moments Redis gave; ``remaining`` is what it reported (for a cost of 1, or a fixed window,
+  it cannot change before the denial lifts; a bucket may refill part of a larger cost
+  meanwhile). A request this process gets admitted, with a smaller cost, drops the entry.
+- The 1 s bound how long a reset elsewhere (the admin, ``redislua_reset``, another
+  process's ``policy.reset``) goes unseen: one second. A reset in this process forgets the
+  entry at once.
+- Concurrency policies are never cached: a release frees a slot at any moment.
+- Bounded: at most ``MAX_ENTRIES`` identities; a full cache drops expired entries, and starts
+  over if that is not enough (entries are only a shortcut, never state).
+
+``REDISLUA["LOCAL_DENY"] = False`` turns it off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from django_redislua.conf import on_change, settings
+
+# A denial is answered locally for 1 s at most: a reset elsewhere waits no longer.
+HORIZON_US = 1_000_000
+US = 1_000_000
+MAX_ENTRIES = 10_000
+
+# state key -> (cost, answer until, lifted at, remaining, reset at, the policy's parameters),
+# times in integer microseconds on the local clock (see clock()). The parameters (limit, param,
+# extra) tie a denial to the rate that made it: a rate changed since (settings, a rate
+# callable) asks Redis again.
+Entry = tuple[int, int, int, int, int, tuple[int, int, str]]
+_entries: dict[str, Entry] = {}
+_enabled: list[bool] = []  # the LOCAL_DENY setting, read once per settings change
+
+
+def enabled() -> bool:
+    if not _enabled:
+        _enabled.append(settings.LOCAL_DENY)
+    return _enabled[0]
+
+
+def answer(key: str, cost: int, now: int, policy: Policy,
+           identity: str | bytes | int) -> Decision | None:
+    """The local denial for ``cost`` at ``now``, or None to ask Redis."""
+    entry = _entries.get(key)
+    if (entry is None or now >= entry[1]
+            or (cost != entry[0] and (cost < entry[0] or policy.code != "fw"))
+            or entry[5] != (policy.limit, policy.param, policy.extra)):
+        return None
+    _cost, _until, lifted, remaining, reset_at, _params = entry
+    return Decision(False, policy.limit, remaining, max(0, reset_at - now) / US,
+                    (lifted - now) / US, policy, identity, None, True)
+
+
+def record(key: str, cost: int, sent: int, policy: Policy, reply: Sequence[int]) -> None:
+    """Remember Redis's denial of ``cost`` (its reply: allowed, remaining, reset_after us,
+    retry_after us), decided for a request sent at ``sent``."""
+    if policy.code == "cc" or not enabled():
+        return
+    if len(_entries) >= MAX_ENTRIES:
+        _make_room(sent)
+    retry = reply[3]
+    _entries[key] = (cost, sent + min(retry, HORIZON_US), sent + retry, reply[1],
+                     sent + reply[2], (policy.limit, policy.param, policy.extra))
+
+
+def forget_on_admit(key: str) -> None:
+    """Redis admitted a request on ``key``: its state changed, so a denial known for a larger
+    cost (with the remaining quota it reported) is out of date."""
+    if _entries:
+        _entries.pop(key, None)
+
+
+def _make_room(now: int) -> None:
+    for key in [key for key, entry in list(_entries.items()) if entry[1] <= now]:
+        _entries.pop(key, None)
+    if len(_entries) >= MAX_ENTRIES * 9 // 10:
+        _entries.clear()
+
+
+def forget(key: str | None = None) -> None:
+    """Drop the entry of one state key (it was reset here), or every entry."""
+    if key is None:
+        _entries.clear()
+    else:
+        _entries.pop(key, None)
+
+
+def clock(now_us: int | None) -> int:
+    """The cache's clock in microseconds: the local monotonic clock, or a test's injected
+    server time."""
+    return time.monotonic_ns() // 1000 if now_us is None else now_us
+
+
+@on_change
+def _settings_changed() -> None:
+    _enabled.clear()
+    _entries.clear()
+
+
+# At the bottom: policy imports the engine, which imports this module.
+from django_redislua.limiting.policy import Decision, Policy  # noqa: E402
