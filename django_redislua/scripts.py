@@ -3,7 +3,10 @@
 Every installed app may ship scripts in ``<app>/redislua/*.lua``; each is registered as
 ``"<app_label>.<file stem>"``. Files in ``<app>/redislua/lib/`` are fragments, not scripts: a
 script pulls one in with a line ``--#include lib/name.lua``, so an algorithm written once can be
-composed into several scripts. Every file starts with a comment stating its KEYS and ARGV.
+composed into several scripts. Every file starts with a comment stating its KEYS and ARGV. A
+line ``--#per-call`` splits a script in two: as a Function, what is above it (the functions it
+defines) runs once when the library loads and only what is below runs per call; ``EVALSHA``
+runs the whole script every call.
 
 Calls go by ``EVALSHA``; when the server answers ``NOSCRIPT`` (restart, ``SCRIPT FLUSH``, a new
 node) the script is loaded and the call retried, once. With ``REDISLUA["USE_FUNCTIONS"]`` the
@@ -30,6 +33,8 @@ from django_redislua.connection import AsyncClient, SyncClient, get_async_client
 from django_redislua.lean import async_channel_for, channel_for
 
 INCLUDE = re.compile(r"^--#include\s+(\S+)\s*$", re.MULTILINE)
+# In a Functions library, a script's code above this line runs once, when the library loads.
+PER_CALL = "\n--#per-call\n"
 
 
 def _has_header(source: str) -> bool:
@@ -254,9 +259,14 @@ class Registry:
         lib_name = f"{LIBRARY_PREFIX}{digest}"
         body = [f"#!lua name={lib_name}"]
         for script in scripts.values():
+            # What comes before a script's PER_CALL line (its functions) runs once, when the
+            # library loads; only what follows runs per call. Each script in its own block.
+            prelude, marker, per_call = script.source.partition(PER_CALL)
+            if not marker:
+                prelude, per_call = "", script.source
             body.append(
-                f"redis.register_function('{function_name(script, lib_name)}', "
-                f"function(KEYS, ARGV)\n{script.source}\nend)"
+                f"do\n{prelude}\nredis.register_function('{function_name(script, lib_name)}', "
+                f"function(KEYS, ARGV)\n{per_call}\nend)\nend"
             )
         self._library = (lib_name, "\n".join(body))
         return self._library

@@ -18,6 +18,8 @@ from django.test import Client
 from django_redislua import get_policy
 from django_redislua.admin import _readable, duration, relative
 from django_redislua.limiting import inspect
+from django_redislua.limiting.inspect import PACKED
+from django_redislua.limiting.policy import ALGORITHMS
 from django_redislua.locks import Lock
 from django_redislua.models import RedisLua
 
@@ -241,6 +243,10 @@ def test_every_algorithm_shows_remaining_reset_ttl_and_fields(
         assert state.ttl is not None and state.ttl > 0
         assert row["reset"].startswith("in ")
         assert state.fields, name
+        code = ALGORITHMS[state.algorithm]
+        if code in PACKED:  # packed doubles, shown field by field as whole numbers
+            assert [n for n, _v in state.fields] == list(PACKED[code][2]), name
+            assert all(v.isdigit() for _n, v in state.fields), state.fields
         assert state.memory and state.memory > 0
     scripts = client.get(SCRIPTS_URL).content.decode()
     assert "✔ loaded" in scripts  # the ratelimit script ran above

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import AsyncClient, Client, override_settings
 
+from django_redislua.functions import load_scripts
 from django_redislua.limiting import get_policy
 from django_redislua.middleware import RateLimitMiddleware
 from django_redislua.signals import rate_limited
@@ -41,7 +42,7 @@ def test_path_prefix(client: Client) -> None:
 
 @with_middleware
 def test_path_rules_are_one_evalsha_with_headers(client: Client, recorder) -> None:  # type: ignore[no-untyped-def]
-    get_policy("api").peek("warm-up")
+    load_scripts()
     with recorder:
         response = client.get("/rl/api/ok/")
     assert recorder.commands == ["EVALSHA"]

@@ -32,6 +32,8 @@ Check = tuple[Policy, str | bytes | int, int]
 US = 1_000_000.0
 NEVER = math.inf  # retry_after of a denial no wait can lift (a zero rate, a cost above capacity)
 SCRIPT = "django_redislua.ratelimit"
+# A single check goes to its algorithm's own script, which defines nothing else (ratelimit_fw.lua).
+SCRIPT_ONE = {code: f"{SCRIPT}_{code}" for code in ("fw", "sl", "sw", "tb", "lb", "gc", "cc")}
 CLUSTER_CLIENTS = (RedisCluster, AsyncRedisCluster)
 
 
@@ -85,6 +87,7 @@ class _One:
         "key",
         "peek",
         "policy",
+        "script",
         "sent",
     )
 
@@ -103,6 +106,7 @@ class _One:
             if self.decision is not None:
                 return
         self.extra = _extra(policy)
+        self.script = SCRIPT_ONE[policy.code]
         self.args = ["peek" if peek else "hit", "" if now_us is None else now_us, policy.code,
                      policy.limit, policy.param, cost, self.extra, "1"]
 
@@ -246,7 +250,7 @@ def decide(
     one = _One(policy, identity, cost, peek, now_us)
     if one.decision is not None:
         return one.decision
-    return one.result(get_script(SCRIPT)((one.key,), one.args, client=client))
+    return one.result(get_script(one.script)((one.key,), one.args, client=client))
 
 
 async def aevaluate(
@@ -277,7 +281,7 @@ async def adecide(
     one = _One(policy, identity, cost, peek, now_us)
     if one.decision is not None:
         return one.decision
-    return one.result(await get_script(SCRIPT).acall((one.key,), one.args, client=client))
+    return one.result(await get_script(one.script).acall((one.key,), one.args, client=client))
 
 
 @contextlib.contextmanager

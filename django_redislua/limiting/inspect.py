@@ -10,6 +10,7 @@ sampled ``MEMORY USAGE``: two pipelined round trips per node per page.
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -251,7 +252,7 @@ def _states(node: tuple[str, redis.Redis], keys: Sequence[str], known: Known) ->
     states = []
     rows = zip(keys, parsed, policies, first, strict=True)
     for key, parts, policy, (kind, pttl, memory, peeked) in rows:
-        fields = _fields(kind, raw)
+        fields = _fields(kind, raw, parts[1])
         if kind == "none":
             continue  # expired since SCAN saw it
         policy_name, code, identity = parts
@@ -284,13 +285,37 @@ def _checked(reply: Any) -> Any:
     return reply
 
 
-def _fields(kind: str, raw: Any) -> list[tuple[str, str]]:
+# The O(1) algorithms' packed state (lib/common.lua): struct format, tag byte, field names.
+PACKED = {
+    "fw": ("<Bdd", 1, ("window start", "count")),
+    "sw": ("<Bddd", 2, ("window start", "current count", "previous count")),
+    "tb": ("<Bddd", 3, ("tokens taken", "refilled at", "refilled at, 1/q us")),
+    "lb": ("<Bdd", 4, ("water, 1/q us", "measured at")),
+    "gc": ("<Bdd", 5, ("TAT", "TAT, 1/q us")),
+}
+
+
+def unpack_state(code: str, value: bytes) -> list[tuple[str, str]] | None:
+    """The named fields of an algorithm's packed state, or None when it is not of that shape."""
+    layout = PACKED.get(code)
+    if layout is None or len(value) != struct.calcsize(layout[0]):
+        return None
+    tag, *numbers = struct.unpack(layout[0], value)
+    if tag != layout[1]:
+        return None
+    return [(name, f"{number:.0f}") for name, number in zip(layout[2], numbers, strict=True)]
+
+
+def _fields(kind: str, raw: Any, code: str) -> list[tuple[str, str]]:
     """Consume this key's replies from the second pipeline; its state as (name, value) pairs."""
     if kind == "hash":
         return sorted((_text(k), _text(v)) for k, v in next(raw).items())
     if kind == "string":
         value = next(raw)
-        return [("value", _text(value))] if value is not None else []
+        if value is None:
+            return []
+        packed = unpack_state(code, value) if isinstance(value, bytes) else None
+        return packed if packed is not None else [("value", _text(value))]
     if kind == "zset":
         size, oldest, newest = next(raw), next(raw), next(raw)
         result = [("entries", str(size))]

@@ -2,16 +2,16 @@
 -- Windows are aligned to multiples of PERIOD. The estimate of hits in the last PERIOD is
 -- previous * (PERIOD - elapsed) / PERIOD + current; a hit is allowed while estimate + cost <= limit.
 -- All comparisons are done multiplied through by PERIOD, in exact integers.
--- Key: a string "<current window start us>:<current count>:<previous count>"; expires when the
--- next window ends (until then the current count still weighs on the estimate).
+-- Key: struct '<Bddd': tag 2, current window start (us), current count, previous count;
+-- expires when the next window ends (until then the current count still weighs on the estimate).
 -- Params: limit = hits per period, param = period (us), cost = units to take; extra unused.
 ALGORITHMS['sw'] = function(key, now, limit, period, cost, extra, consume)
   local window = now - math.fmod(now, period)
   local stored, cur, prev
   local state = redis.call('GET', key)
-  if state then
-    local w, c, p = string.match(state, '^(%d+):(%d+):(%d+)$')
-    stored, cur, prev = tonumber(w), tonumber(c), tonumber(p)
+  if state and #state == 25 then
+    local tag, w, c, p = struct.unpack('<Bddd', state)
+    if tag == 2 then stored, cur, prev = w, c, p end
   end
   if stored and stored > window then
     -- The clock went back into an older window: stay in the newest one seen, never a fresh one.
@@ -41,7 +41,8 @@ ALGORITHMS['sw'] = function(key, now, limit, period, cost, extra, consume)
     end
   elseif consume then
     cur = cur + cost
-    redis.call('SET', key, int(window) .. ':' .. cur .. ':' .. prev, 'PX', ttl_ms(2 * period - elapsed))
+    redis.call('SET', key, struct.pack('<Bddd', 2, window, cur, prev), 'PX',
+               ttl_ms(2 * period - elapsed))
   end
   local remaining = idiv(math.max(0, limit * period - weighted - cur * period), period)
   local reset = 0

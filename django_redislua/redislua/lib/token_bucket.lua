@@ -1,19 +1,19 @@
 -- token_bucket ("tb"): a bucket of LIMIT tokens (the burst) refilled one token per interval of
 -- P / Q microseconds exactly (the rate's period over its count, reduced: no rounding).
 -- Tokens arrive whole; a full bucket stops the refill clock. Denied requests take nothing.
--- Key: a string "<taken>:<a>:<b>": the tokens taken and not yet refilled (so rules of different
--- capacities sharing one state agree on what was used), the last refill at a + b / Q us
--- (0 <= b < Q); expires when the bucket is full again. Times are compared in units of 1/Q us.
+-- Key: struct '<Bddd': tag 3, the tokens taken and not yet refilled (so rules of different
+-- capacities sharing one state agree on what was used), and the last refill at a + b / Q us
+-- (0 <= b < Q) as a, b; expires when the bucket is full again. Times are compared in units of 1/Q us.
 -- Params: limit = capacity (burst), param = P, cost = tokens to take, extra = Q.
 ALGORITHMS['tb'] = function(key, now, capacity, p, cost, extra, consume)
   local q = tonumber(extra)
   local taken, a, b
   local state = redis.call('GET', key)
-  if state then
-    local t, sa, sb = string.match(state, '^(%d+):(%d+):?(%d*)$')
-    taken, a, b = tonumber(t), tonumber(sa), tonumber(sb) or 0
+  if state and #state == 25 then
+    local tag, t, sa, sb = struct.unpack('<Bddd', state)
+    if tag == 3 then taken, a, b = t, sa, sb end
   end
-  if not taken or not a then
+  if not taken then
     taken, a, b = 0, now, 0
   else
     local elapsed = (now - a) * q - b  -- since the last refill, in 1/Q us
@@ -43,7 +43,7 @@ ALGORITHMS['tb'] = function(key, now, capacity, p, cost, extra, consume)
   local full_in = 0
   if tokens < capacity then full_in = until_tokens(capacity - tokens) end
   if consume then
-    redis.call('SET', key, (capacity - tokens) .. ':' .. int(a) .. ':' .. int(b), 'PX',
+    redis.call('SET', key, struct.pack('<Bddd', 3, capacity - tokens, a, b), 'PX',
                ttl_ms(full_in))
   end
   return true, tokens, full_in, 0

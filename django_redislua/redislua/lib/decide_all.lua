@@ -1,0 +1,51 @@
+-- The driver of ratelimit.lua: one or more policies decided together (a fragment: see
+-- ratelimit.lua for KEYS/ARGV). A function, so that a Functions library defines it once.
+local function decide_all(KEYS, ARGV)
+  if #KEYS == 1 then
+    return decide_one(KEYS, ARGV)
+  end
+  local now = tonumber(ARGV[2])
+  if not now then
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2]
+  end
+  local hit = ARGV[1] == 'hit' or ARGV[1] == 'soft'
+
+  -- Several policies: decide every one without writing; then, on a hit, decide again consuming
+  -- those that may consume. Keys are distinct and nothing was written in between, so the second
+  -- pass decides the same as the first for every policy it touches.
+  local function decide_policy(i, consume)
+    local o = 3 + 6 * (i - 1)
+    local algorithm = ALGORITHMS[ARGV[o]]
+    if not algorithm then
+      return nil
+    end
+    return algorithm(KEYS[i], now, tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]),
+                     tonumber(ARGV[o + 3]), ARGV[o + 4], consume)
+  end
+
+  local reply, gates_allow = {}, ARGV[1] ~= 'soft'
+  for i = 1, #KEYS do
+    local allowed, remaining, reset, retry = decide_policy(i, false)
+    if allowed == nil then
+      return redis.error_reply('ERR redislua: unknown algorithm ' .. tostring(ARGV[3 + 6 * (i - 1)]))
+    end
+    reply[4 * i - 3] = allowed and 1 or 0
+    reply[4 * i - 2] = math.max(0, remaining)
+    reply[4 * i - 1] = math.max(0, reset)
+    reply[4 * i] = math.max(0, retry)
+    if not allowed and ARGV[3 + 6 * (i - 1) + 5] == '1' then gates_allow = false end
+  end
+  if hit then
+    for i = 1, #KEYS do
+      local gate = ARGV[3 + 6 * (i - 1) + 5] == '1'
+      if reply[4 * i - 3] == 1 and (gates_allow or not gate) then
+        local allowed, remaining, reset, retry = decide_policy(i, true)
+        reply[4 * i - 2] = math.max(0, remaining)
+        reply[4 * i - 1] = math.max(0, reset)
+        reply[4 * i] = math.max(0, retry)
+      end
+    end
+  end
+  return reply
+end
