@@ -143,14 +143,12 @@ def _scalars(config: dict[str, Any]) -> list[CheckMessage]:
                 f"not {window!r}.",
             )
         )
-    local_deny = config.get("LOCAL_DENY", DEFAULTS["LOCAL_DENY"])
-    if not isinstance(local_deny, bool):
-        messages.append(
-            _error(
-                "redislua.E024",
-                f"REDISLUA['LOCAL_DENY'] must be True or False, not {local_deny!r}.",
+    for name in ("LOCAL_DENY", "LEAN_CALLS"):
+        value = config.get(name, DEFAULTS[name])
+        if not isinstance(value, bool):
+            messages.append(
+                _error("redislua.E024", f"REDISLUA['{name}'] must be True or False, not {value!r}.")
             )
-        )
     options = config.get("CONNECTION_OPTIONS", {})
     if not isinstance(options, dict):
         messages.append(_error("redislua.E019", "REDISLUA['CONNECTION_OPTIONS'] must be a dict."))

@@ -38,6 +38,9 @@ DEFAULTS: dict[str, Any] = {
     # Answer a denied policy and identity in-process until Redis would lift the denial (at most
     # 1 s): a flood from one identity costs no round trip. Never admits; see limiting/denials.py.
     "LOCAL_DENY": True,
+    # Send script calls on a single server straight to a pooled connection (django_redislua/
+    # lean.py), bypassing redis-py's per-command machinery; False keeps redis-py's path.
+    "LEAN_CALLS": True,
 }
 
 HEADER_MODES = ("ietf", "legacy", "both", None)
@@ -146,6 +149,11 @@ class Settings:
         # checks.py reports anything else as redislua.E023; the lock keeps working on 1 s.
         return float(value) if valid_claim_window(value) else 1.0
 
+
+    @property
+    def LEAN_CALLS(self) -> bool:
+        # checks.py reports a value that is not a bool as redislua.E024.
+        return bool(_merged()["LEAN_CALLS"])
 
     @property
     def LOCAL_DENY(self) -> bool:

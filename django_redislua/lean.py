@@ -10,16 +10,21 @@ keeping every guarantee of the ordinary path:
 - timeouts: the connections are the pool's own, with its socket timeouts;
 - reconnect after errors: each call runs under the connection's own ``Retry``, which
   disconnects after every failure (so the next attempt reconnects), exactly as redis-py does;
-- a connection the server closed (a restart, an idle timeout) or that has data waiting is found
-  before use by the pool's own check (``can_read``) and reconnected;
+- a connection the server closed (a restart, an idle timeout, ``CLIENT KILL``) or that has
+  data waiting is found before use by the pool's own check (``can_read``) and reconnected
+  inside the call, so a reconnect that fails or is cancelled still gives the connection back;
 - fork safety: a child process drops the connections it inherited;
 - pool limits: connections are checked out of the client's pool and count against its
-  ``max_connections``. This path keeps at most half of them checked out between calls (so the
-  ordinary path always has the other half); beyond that it borrows and returns per call.
+  ``max_connections``. This path keeps at most half of them (rounded down: none of a pool of
+  one) checked out between calls, so the ordinary path always has the other half; beyond that
+  it borrows and returns per call.
 
 Used for ``redis.Redis`` clients on a plain ``ConnectionPool`` or ``BlockingConnectionPool``
-speaking RESP2 without client-side caching; every other client (cluster, Sentinel, RESP3,
-client-side caching) takes the ordinary path, whose extra machinery those need.
+without client-side caching, RESP2 or RESP3 (redis-py 8.1's default; ``read_response``
+handles push messages, and a connection with one waiting is reconnected by the readability
+check). Every other client (cluster, Sentinel, client-side caching) takes the ordinary path,
+whose extra machinery those need; so does every client with ``REDISLUA["LEAN_CALLS"] = False``
+(for instance to keep redis-py's own OpenTelemetry metrics, which this path bypasses).
 """
 
 from __future__ import annotations
@@ -32,18 +37,19 @@ from typing import Any
 import redis
 import redis.asyncio
 
+from django_redislua.conf import on_change, settings
+
 Connection = Any  # redis.connection.AbstractConnection: its send/read methods are untyped
 AsyncConnection = Any  # redis.asyncio.connection.AbstractConnection
 
 
 def _eligible(pool: Any) -> bool:
-    kwargs = pool.connection_kwargs
     return (
-        type(pool) in (redis.ConnectionPool, redis.BlockingConnectionPool,
-                       redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool)
-        and kwargs.get("protocol") in (None, 2, "2")
+        settings.LEAN_CALLS
+        and type(pool) in (redis.ConnectionPool, redis.BlockingConnectionPool,
+                           redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool)
         and getattr(pool, "cache", None) is None
-        and not kwargs.get("cache_config")
+        and not pool.connection_kwargs.get("cache_config")
     )
 
 
@@ -52,7 +58,7 @@ class Channel:
 
     def __init__(self, pool: redis.ConnectionPool) -> None:
         self._pool = pool
-        self._keep = max(1, pool.max_connections // 2)
+        self._keep = pool.max_connections // 2
         self._reset()
 
     def _reset(self) -> None:
@@ -65,19 +71,13 @@ class Channel:
         if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours
             self._reset()
         try:
-            conn = self._idle.pop()
+            return self._idle.pop()
         except IndexError:
             conn = self._pool.get_connection()  # connected and checked by the pool
             with self._lock:
                 if len(self._kept) < self._keep:
                     self._kept.add(conn)
             return conn
-        try:
-            if conn.can_read():  # the pool's check: data waiting, or closed by the server
-                conn.disconnect()  # the next send reconnects
-        except redis.ConnectionError:
-            pass  # can_read disconnected it already
-        return conn
 
     def _give(self, conn: Connection) -> None:
         if conn in self._kept:
@@ -89,11 +89,23 @@ class Channel:
         """Send one command and return its reply, under the connection's Retry."""
         conn = self._take()
         try:
+            if conn in self._kept:
+                _check(conn)
             return conn.retry.call_with_retry(
                 lambda: _exchange(conn, args), lambda _error: conn.disconnect()
             )
         finally:
             self._give(conn)
+
+
+def _check(conn: Connection) -> None:
+    """The pool's check before a kept connection is used again: data waiting (a push message, a
+    reply nobody read) or a socket the server closed means a reconnect, at the next send."""
+    try:
+        if conn.is_connected and conn.can_read():
+            conn.disconnect()
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        conn.disconnect()
 
 
 def _exchange(conn: Connection, args: tuple[Any, ...]) -> Any:
@@ -106,30 +118,24 @@ class AsyncChannel:
 
     def __init__(self, pool: redis.asyncio.ConnectionPool) -> None:
         self._pool = pool
-        self._keep = max(1, pool.max_connections // 2)
+        self._keep = pool.max_connections // 2
         self._idle: list[AsyncConnection] = []
         self._kept: set[AsyncConnection] = set()
 
     async def _take(self) -> AsyncConnection:
         try:
-            conn = self._idle.pop()
+            return self._idle.pop()
         except IndexError:
             conn = await self._pool.get_connection()
             if len(self._kept) < self._keep:
                 self._kept.add(conn)
             return conn
-        try:
-            if not conn.is_connected:
-                await conn.connect()
-            elif await conn.can_read():  # the pool's check, as in Channel._take
-                await conn.disconnect()
-        except redis.ConnectionError:
-            pass
-        return conn
 
     async def call(self, *args: Any) -> Any:
         conn = await self._take()
         try:
+            if conn in self._kept:
+                await _acheck(conn)
             return await conn.retry.call_with_retry(
                 lambda: _aexchange(conn, args), lambda _error: conn.disconnect()
             )
@@ -142,6 +148,15 @@ class AsyncChannel:
                 await self._pool.release(conn)
 
 
+async def _acheck(conn: AsyncConnection) -> None:
+    """The asyncio twin of :func:`_check`."""
+    try:
+        if conn.is_connected and await conn.can_read():
+            await conn.disconnect()
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        await conn.disconnect()
+
+
 async def _aexchange(conn: AsyncConnection, args: tuple[Any, ...]) -> Any:
     await conn.send_command(*args)
     return await conn.read_response()
@@ -150,6 +165,11 @@ async def _aexchange(conn: AsyncConnection, args: tuple[Any, ...]) -> Any:
 _channels: weakref.WeakKeyDictionary[Any, Channel | AsyncChannel | None] = (
     weakref.WeakKeyDictionary()
 )
+
+
+@on_change
+def _forget_channels() -> None:
+    _channels.clear()  # LEAN_CALLS may have changed; clients the app built are rebuilt anyway
 
 
 def channel_for(client: Any) -> Channel | None:

@@ -39,11 +39,13 @@ HORIZON_US = 1_000_000
 US = 1_000_000
 MAX_ENTRIES = 10_000
 
-# state key -> (cost, answer until, lifted at, remaining, reset at, the policy's parameters),
-# times in integer microseconds on the local clock (see clock()). The parameters (limit, param,
+# state key -> (cost, sent, answer until, lifted at, remaining, reset at, the policy's
+# parameters), times in integer microseconds on the clock of the request that was denied (see
+# clock()): a request on another clock (a test's or a DRF timer's injected time against the
+# monotonic clock) falls outside [sent, until) and asks Redis. The parameters (limit, param,
 # extra) tie a denial to the rate that made it: a rate changed since (settings, a rate
 # callable) asks Redis again.
-Entry = tuple[int, int, int, int, int, tuple[int, int, str]]
+Entry = tuple[int, int, int, int, int, int, tuple[int, int, str]]
 _entries: dict[str, Entry] = {}
 _enabled: list[bool] = []  # the LOCAL_DENY setting, read once per settings change
 
@@ -58,11 +60,11 @@ def answer(key: str, cost: int, now: int, policy: Policy,
            identity: str | bytes | int) -> Decision | None:
     """The local denial for ``cost`` at ``now``, or None to ask Redis."""
     entry = _entries.get(key)
-    if (entry is None or now >= entry[1]
+    if (entry is None or not entry[1] <= now < entry[2]
             or (cost != entry[0] and (cost < entry[0] or policy.code != "fw"))
-            or entry[5] != (policy.limit, policy.param, policy.extra)):
+            or entry[6] != (policy.limit, policy.param, policy.extra)):
         return None
-    _cost, _until, lifted, remaining, reset_at, _params = entry
+    _cost, _sent, _until, lifted, remaining, reset_at, _params = entry
     return Decision(False, policy.limit, remaining, max(0, reset_at - now) / US,
                     (lifted - now) / US, policy, identity, None, True)
 
@@ -75,7 +77,7 @@ def record(key: str, cost: int, sent: int, policy: Policy, reply: Sequence[int])
     if len(_entries) >= MAX_ENTRIES:
         _make_room(sent)
     retry = reply[3]
-    _entries[key] = (cost, sent + min(retry, HORIZON_US), sent + retry, reply[1],
+    _entries[key] = (cost, sent, sent + min(retry, HORIZON_US), sent + retry, reply[1],
                      sent + reply[2], (policy.limit, policy.param, policy.extra))
 
 
@@ -87,7 +89,7 @@ def forget_on_admit(key: str) -> None:
 
 
 def _make_room(now: int) -> None:
-    for key in [key for key, entry in list(_entries.items()) if entry[1] <= now]:
+    for key in [key for key, entry in list(_entries.items()) if not entry[1] <= now < entry[2]]:
         _entries.pop(key, None)
     if len(_entries) >= MAX_ENTRIES * 9 // 10:
         _entries.clear()

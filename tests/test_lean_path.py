@@ -1,0 +1,579 @@
+"""The lean call path (``django_redislua/lean.py``) against real servers, side by side with the
+ordinary one (``client.execute_command``).
+
+The issue's acceptance: the lean path recovers from a server restart, a ``SCRIPT FLUSH`` and a
+timeout exactly like the normal path. Each test gets its own server (restarted, paused or
+flushed without disturbing the shared one) and is run on both paths where that means anything:
+
+- ``lean``: the app's default client from a URL, which lean.py takes (asserted, not assumed);
+- ``ordinary``: the same URL with ``REDISLUA["LEAN_CALLS"] = False``, which leaves every call to
+  ``execute_command``: the same protocol (RESP3, redis-py 8.1's default), handshake and pool;
+  the path is the only difference.
+
+``pool_state`` checks what must hold between calls on either path: the only connections
+checked out of the pool are the lean channel's idle ones (none on the ordinary path), and every
+connection the channel keeps is idle. A connection lost from that accounting is a pool slot
+leaked for the life of the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from django.test import Client, override_settings
+
+from django_redislua import lean
+from django_redislua.connection import get_async_client, get_client
+from django_redislua.limiting.policy import Policy
+from django_redislua.testing import CommandRecorder, RedisServer
+
+TIMEOUT = 0.3  # SOCKET_TIMEOUT and SOCKET_CONNECT_TIMEOUT under test
+PAUSE_MS = 1500  # CLIENT PAUSE: always lifted early (UNPAUSE); it only bounds a failed test
+LEAN, ORDINARY = "lean", "ordinary"
+PATHS = [LEAN, ORDINARY]
+
+# -- bugs these tests found (see the reasons) --------------------------------------------------
+REDIS_PY_4252 = (
+    "redis-py 8.1.0 regression (redis/redis-py#4252, fixed by #4260): the asyncio pool ignores "
+    "can_read() when maintenance notifications are on (RESP3, the default), so the ordinary "
+    "async path hands out a connection the server closed"
+)
+
+
+# -- fixtures and helpers ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A server of this test's own, restartable on the same port (its workdir is kept)."""
+    with RedisServer(workdir=str(tmp_path)) as srv:
+        yield srv
+
+
+@pytest.fixture
+def control(server: RedisServer) -> Iterator[redis.Redis]:
+    client = server.client(decode_responses=True)
+    yield client
+    client.close()
+
+
+def redislua(server: RedisServer, path: str, **extra: Any) -> dict[str, Any]:
+    options = dict(extra.pop("CONNECTION_OPTIONS", {}))
+    return {
+        "CONNECTION": server.url,
+        "LEAN_CALLS": path == LEAN,
+        "SOCKET_TIMEOUT": TIMEOUT,
+        "SOCKET_CONNECT_TIMEOUT": TIMEOUT,
+        "CONNECTION_OPTIONS": options,
+        **extra,
+    }
+
+
+def on(server: RedisServer, path: str, **extra: Any) -> override_settings:
+    return override_settings(REDISLUA=redislua(server, path, **extra))
+
+
+def channel(path: str) -> lean.Channel | None:
+    """The sync client's lean channel; asserts the path the test means to exercise is taken."""
+    found = lean.channel_for(get_client())
+    assert isinstance(found, lean.Channel) if path == LEAN else found is None
+    return found
+
+
+def achannel(path: str) -> lean.AsyncChannel | None:
+    found = lean.async_channel_for(get_async_client())
+    assert isinstance(found, lean.AsyncChannel) if path == LEAN else found is None
+    return found
+
+
+def pool_state(pool: Any, found: lean.Channel | lean.AsyncChannel | None) -> None:
+    """Between calls: only the channel's idle connections are checked out, and every
+    connection it keeps is idle (none lost, none checked out twice)."""
+    idle = list(found._idle) if found is not None else []
+    assert len(idle) == len(set(idle)), "a connection is idle twice"
+    assert set(pool._get_in_use_connections()) == set(idle)
+    if found is not None:
+        assert found._kept == set(idle)
+        assert len(found._kept) <= max(1, pool.max_connections // 2)
+
+
+def recorded(server: RedisServer) -> CommandRecorder:
+    return CommandRecorder(server.client())
+
+
+def calls(rec: CommandRecorder) -> list[str]:
+    """What clients sent, without the reconnect handshake (``HELLO 3``)."""
+    return [c for c in rec.commands if c != "HELLO"]
+
+
+def restart(server: RedisServer) -> None:
+    server.stop()
+    server.start()
+
+
+def kill_clients(control: redis.Redis) -> None:
+    """Close every other connection from the server side (as an idle timeout would)."""
+    control.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+
+
+class paused:
+    """``CLIENT PAUSE ... ALL`` for the block: connected, silent (a hung server)."""
+
+    def __init__(self, control: redis.Redis) -> None:
+        self.control = control
+
+    def __enter__(self) -> None:
+        self.control.execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")
+
+    def __exit__(self, *exc: object) -> None:
+        self.control.execute_command("CLIENT", "UNPAUSE")
+
+
+def policy(rate: str = "100/m") -> Policy:
+    return Policy("lean", rate=rate)
+
+
+# -- 1. which path is taken ----------------------------------------------------------------------
+
+
+def caches(server: RedisServer, **options: Any) -> dict[str, Any]:
+    return {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "dr": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": server.url,
+               "OPTIONS": options.get("dr", {})},
+        "dj": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+               "LOCATION": server.url, "OPTIONS": options.get("dj", {})},
+    }
+
+
+@pytest.mark.parametrize(
+    ("connection", "cache_options", "reused"),
+    [
+        ("url", {}, False),
+        ("dr", {}, False),  # django-redis without a socket timeout: a sibling pool of ours
+        ("dr", {"dr": {"SOCKET_TIMEOUT": TIMEOUT}}, True),  # django-redis's own pool
+        ("dj", {"dj": {"socket_timeout": TIMEOUT}}, True),  # Django's RedisCache's own pool
+    ],
+    ids=["url", "django-redis-sibling", "django-redis-reused", "django-cache-reused"],
+)
+def test_lean_path_taken_for_a_single_server(
+    server: RedisServer, connection: str, cache_options: dict[str, Any], reused: bool
+) -> None:
+    config = {"CONNECTION": server.url if connection == "url" else connection,
+              "SOCKET_TIMEOUT": TIMEOUT}
+    with override_settings(REDISLUA=config, CACHES=caches(server, **cache_options)):
+        client = get_client()
+        if reused:
+            from django.core.cache import caches as django_caches
+
+            theirs = django_caches[connection]
+            pool = (theirs.client.get_client(write=True) if connection == "dr"
+                    else theirs._cache.get_client(write=True)).connection_pool
+            assert client.connection_pool is pool
+        found = channel(LEAN)
+        limited = policy("5/m")
+        assert [limited.hit("a").allowed for _ in range(6)] == [True] * 5 + [False]
+        assert limited.hit("b").allowed
+        pool_state(client.connection_pool, found)
+
+
+async def test_lean_path_taken_by_the_async_client(server: RedisServer) -> None:
+    with on(server, LEAN):
+        found = achannel(LEAN)
+        limited = policy("5/m")
+        assert [(await limited.ahit("a")).allowed for _ in range(6)] == [True] * 5 + [False]
+        pool_state(get_async_client().connection_pool, found)
+
+
+async def test_lean_calls_false_takes_the_ordinary_path(server: RedisServer) -> None:
+    with on(server, ORDINARY):
+        channel(ORDINARY)
+        achannel(ORDINARY)
+        limited = policy("5/m")
+        assert [limited.hit("a").allowed for _ in range(6)] == [True] * 5 + [False]
+        assert [(await limited.ahit("b")).allowed for _ in range(6)] == [True] * 5 + [False]
+        assert str(get_client().client_info()["resp"]) == "3"
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_lean_path_on_either_protocol(server: RedisServer, protocol: int) -> None:
+    """RESP3 is redis-py 8.1's default; RESP2 is one option away. Both take the lean path."""
+    with on(server, LEAN, CONNECTION_OPTIONS={"protocol": protocol}):
+        found = channel(LEAN)
+        assert found is not None
+        info = found.call("CLIENT", "INFO")  # on a connection of the lean path itself
+        assert f" resp={protocol}".encode() in info, info
+        limited = policy("2/m")
+        assert [limited.hit("a").allowed for _ in range(3)] == [True, True, False]
+
+
+# -- 2. a server restart, or connections the server closed ---------------------------------------
+
+# After a restart the script cache is empty: one EVALSHA (NOSCRIPT), one SCRIPT LOAD, the call
+# again. After a CLIENT KILL (what an idle timeout does) the script is still there.
+EVENTS = {"restart": ["EVALSHA", "SCRIPT", "EVALSHA"], "killed": ["EVALSHA"]}
+
+
+@pytest.mark.parametrize("event", list(EVENTS))
+@pytest.mark.parametrize(
+    "path", [LEAN, ORDINARY]
+)
+def test_server_closed_connection_is_replaced(
+    server: RedisServer, control: redis.Redis, path: str, event: str
+) -> None:
+    with on(server, path):
+        limited = policy()
+        found = channel(path)
+        assert limited.hit("a").allowed  # a pooled connection, now idle
+        if event == "restart":
+            restart(server)
+        else:
+            kill_clients(control)
+        time.sleep(0.05)  # the FIN has arrived
+        with recorded(server) as rec:
+            assert limited.hit("a").allowed  # no error: the dead connection was found first
+            assert limited.hit("a").allowed
+        assert calls(rec) == [*EVENTS[event], "EVALSHA"]
+        pool_state(get_client().connection_pool, found)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", [LEAN, ORDINARY])
+def test_restart_through_a_view_fail_closed(
+    client: Client, server: RedisServer, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What users see: with FAIL_OPEN=False a restart must not turn a request into a 503 (nor,
+    with FAIL_OPEN=True, into an outage warning and an unlimited request)."""
+    with on(server, path, FAIL_OPEN=False):
+        assert client.get("/rl/inline/").status_code == 200
+        restart(server)
+        time.sleep(0.05)
+        with caplog.at_level(logging.WARNING, logger="django_redislua"):
+            statuses = [client.get("/rl/inline/").status_code for _ in range(4)]
+    assert statuses == [200, 200, 200, 429]  # 3/m: the restarted server counts from zero
+    assert [r for r in caplog.records if r.name == "django_redislua"] == []
+
+
+@pytest.mark.parametrize("event", list(EVENTS))
+@pytest.mark.parametrize(
+    "path",
+    [LEAN, pytest.param(ORDINARY, marks=pytest.mark.xfail(strict=False, reason=REDIS_PY_4252))],
+)
+async def test_async_server_closed_connection_is_replaced(
+    server: RedisServer, control: redis.Redis, path: str, event: str
+) -> None:
+    with on(server, path):
+        limited = policy()
+        found = achannel(path)
+        assert (await limited.ahit("a")).allowed
+        if event == "restart":
+            restart(server)
+        else:
+            kill_clients(control)
+        # Let the loop see the EOF, as it would between two requests (until then no check,
+        # on either path, can know the connection is closed).
+        await asyncio.sleep(0.05)
+        with recorded(server) as rec:
+            assert (await limited.ahit("a")).allowed
+            assert (await limited.ahit("a")).allowed
+        assert calls(rec) == [*EVENTS[event], "EVALSHA"]
+        pool_state(get_async_client().connection_pool, found)
+
+
+# -- 3, 4. SCRIPT FLUSH and FUNCTION FLUSH ---------------------------------------------------------
+
+FLUSHES = {
+    False: ("SCRIPT", ["EVALSHA", "SCRIPT", "EVALSHA", "EVALSHA"]),
+    True: ("FUNCTION", ["FCALL", "FUNCTION", "FCALL", "FCALL"]),
+}
+
+
+@pytest.mark.parametrize("use_functions", [False, True], ids=["scripts", "functions"])
+@pytest.mark.parametrize("path", PATHS)
+def test_flushed_scripts_are_loaded_once(
+    server: RedisServer, control: redis.Redis, path: str, use_functions: bool
+) -> None:
+    flush, expected = FLUSHES[use_functions]
+    with on(server, path, USE_FUNCTIONS=use_functions):
+        limited = policy()
+        found = channel(path)
+        assert limited.hit("a").allowed
+        control.execute_command(flush, "FLUSH")
+        with recorded(server) as rec:
+            assert limited.hit("a").allowed
+            assert limited.hit("a").allowed
+        assert rec.commands == expected  # one reload, on the same connection: no handshake
+        assert limited.hit("a").remaining == 100 - 4  # every call counted once
+        pool_state(get_client().connection_pool, found)
+
+
+@pytest.mark.parametrize("use_functions", [False, True], ids=["scripts", "functions"])
+@pytest.mark.parametrize("path", PATHS)
+async def test_async_flushed_scripts_are_loaded_once(
+    server: RedisServer, control: redis.Redis, path: str, use_functions: bool
+) -> None:
+    flush, expected = FLUSHES[use_functions]
+    with on(server, path, USE_FUNCTIONS=use_functions):
+        limited = policy()
+        found = achannel(path)
+        assert (await limited.ahit("a")).allowed
+        control.execute_command(flush, "FLUSH")
+        with recorded(server) as rec:
+            assert (await limited.ahit("a")).allowed
+            assert (await limited.ahit("a")).allowed
+        assert rec.commands == expected
+        assert (await limited.ahit("a")).remaining == 100 - 4
+        pool_state(get_async_client().connection_pool, found)
+
+
+# -- 5. timeouts ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_timeout_then_recovery(server: RedisServer, control: redis.Redis, path: str) -> None:
+    with on(server, path):
+        limited = policy()
+        found = channel(path)
+        assert limited.hit("a").allowed
+        with paused(control):
+            start = time.monotonic()
+            with pytest.raises(redis.TimeoutError):
+                limited.hit("a")
+            elapsed = time.monotonic() - start
+            # the ordinary client, beside it, fails the same way
+            with pytest.raises(redis.TimeoutError):
+                get_client().execute_command("PING")
+        assert TIMEOUT * 0.9 <= elapsed < TIMEOUT + 1.0  # the socket timeout, not the pause
+        assert limited.hit("a").allowed  # same process: the connection was dropped, remade
+        pool_state(get_client().connection_pool, found)
+
+
+@pytest.mark.parametrize("path", [LEAN, ORDINARY])
+def test_timeouts_while_reconnecting_leak_nothing(
+    server: RedisServer, control: redis.Redis, path: str
+) -> None:
+    """A hung server answers nothing, the handshake of a reconnect included: the second call
+    of an outage times out while reconnecting. Afterwards the pool must be whole."""
+    with on(server, path):
+        limited = policy()
+        found = channel(path)
+        assert limited.hit("a").allowed
+        with paused(control):
+            for _ in range(3):
+                with pytest.raises(redis.TimeoutError):
+                    limited.hit("a")
+        assert limited.hit("a").allowed
+        assert limited.hit("a").allowed
+        pool_state(get_client().connection_pool, found)
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_async_timeout_then_recovery(
+    server: RedisServer, control: redis.Redis, path: str
+) -> None:
+    with on(server, path):
+        limited = policy()
+        found = achannel(path)
+        assert (await limited.ahit("a")).allowed
+        with paused(control):
+            start = time.monotonic()
+            with pytest.raises(redis.TimeoutError):
+                await limited.ahit("a")
+            elapsed = time.monotonic() - start
+        assert TIMEOUT * 0.9 <= elapsed < TIMEOUT + 1.0
+        assert (await limited.ahit("a")).allowed
+        pool_state(get_async_client().connection_pool, found)
+
+
+# -- 6. one round trip per decision ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_one_command_per_decision(server: RedisServer, path: str) -> None:
+    with on(server, path):
+        limited = policy()
+        channel(path)
+        achannel(path)
+        limited.hit("warm")
+        await limited.ahit("warm")
+        with recorded(server) as rec:
+            for identity in ("a", "b", "c"):
+                assert limited.hit(identity).allowed
+                assert (await limited.ahit(identity)).allowed
+        assert rec.commands == ["EVALSHA"] * 6  # no PING, no CLIENT, no handshake
+        assert rec.script_commands  # the script did its work server-side
+
+
+# -- 7. fork -----------------------------------------------------------------------------------
+
+
+# Python 3.12+ warns when forking a process that has threads (another test's leftovers).
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_forked_child_uses_its_own_connection(server: RedisServer) -> None:
+    with on(server, LEAN):
+        limited = policy()
+        found = channel(LEAN)
+        assert found is not None
+        assert limited.hit("parent").allowed
+        parent_id = found.call("CLIENT", "ID")  # the parent's kept lean connection
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe
+            report: dict[str, Any] = {}
+            try:
+                os.close(read_end)
+                report["allowed"] = limited.hit("child").allowed
+                report["id"] = found.call("CLIENT", "ID")
+                # The connections the child dropped are collected here: closing its copies of
+                # the parent's sockets must not shut them down for the parent.
+                gc.collect()
+                report["again"] = limited.hit("child").allowed
+            except BaseException as exc:
+                report["error"] = repr(exc)
+            finally:
+                os.write(write_end, json.dumps(report).encode())
+                os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            report = json.loads(pipe.read() or b"{}")
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert "error" not in report, report["error"]
+        assert report["allowed"] and report["again"]
+        assert report["id"] != parent_id
+        # The parent goes on, on the connection it had: unharmed by the child.
+        assert limited.hit("parent").allowed
+        assert found.call("CLIENT", "ID") == parent_id
+        assert limited.peek("child").remaining == 100 - 2  # the child's calls counted
+        pool_state(get_client().connection_pool, found)
+
+
+# -- 8. pool limits ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", [LEAN, ORDINARY]
+)
+def test_pool_of_one_connection(server: RedisServer, path: str) -> None:
+    with on(server, path, CONNECTION_OPTIONS={"max_connections": 1}):
+        limited = policy()
+        channel(path)
+        assert limited.hit("a").allowed
+        assert limited.reset("a")  # an ordinary-path command needs the pool's connection
+        assert get_client().ping()
+        assert limited.hit("a").allowed
+
+
+def hammer(threads: int, calls_each: int) -> list[BaseException]:
+    limited = policy("1000/m")
+    errors: list[BaseException] = []
+    start = threading.Barrier(threads)
+
+    def work(n: int) -> None:
+        start.wait()
+        for _ in range(calls_each):
+            try:
+                assert limited.hit(f"t{n}").allowed
+            except BaseException as exc:
+                errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(30)
+    return errors
+
+
+def connections_received(control: redis.Redis) -> int:
+    return int(control.info("stats")["total_connections_received"])
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(("pool", "threads"), [("blocking", 8), ("plain", 4)])
+def test_pool_limit_under_concurrency(
+    server: RedisServer, control: redis.Redis, path: str, pool: str, threads: int
+) -> None:
+    """max_connections=4. A BlockingConnectionPool (Django's RedisCache ``pool_class``) makes
+    8 threads wait their turn; a plain pool (a URL) raises MaxConnectionsError beyond 4 on
+    either path, so it gets 4 threads: the lean path must never need a fifth connection."""
+    if pool == "blocking":
+        options = {"pool_class": "redis.BlockingConnectionPool", "max_connections": 4,
+                   "timeout": 10, "socket_timeout": 2}
+        config = override_settings(REDISLUA={"CONNECTION": "dj", "LEAN_CALLS": path == LEAN},
+                                   CACHES=caches(server, dj=options))
+    else:
+        config = on(server, path, SOCKET_TIMEOUT=2, CONNECTION_OPTIONS={"max_connections": 4})
+    before = connections_received(control)
+    with config:
+        client = get_client()
+        assert type(client.connection_pool) is (
+            redis.BlockingConnectionPool if pool == "blocking" else redis.ConnectionPool)
+        found = channel(path)
+        errors = hammer(threads, 40)
+        assert errors == []
+        opened = connections_received(control) - before
+        assert opened <= 4  # never more than max_connections, and no churn either
+        others = [c for c in control.client_list() if int(c["id"]) != control.client_id()]
+        assert len(others) <= 4
+        if found is not None:
+            assert len(found._kept) == 2  # half the pool, kept; the other half for the rest
+        pool_state(client.connection_pool, found)
+        assert client.ping()  # the ordinary path still gets a connection
+
+
+# -- 9. asyncio cancellation ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_cancelled_call_leaves_the_channel_usable(
+    server: RedisServer, control: redis.Redis, path: str
+) -> None:
+    with on(server, path):
+        limited = policy()
+        found = achannel(path)
+        assert (await limited.ahit("a")).allowed
+        with paused(control):
+            task = asyncio.ensure_future(limited.ahit("a"))
+            await asyncio.sleep(0.1)  # sent, waiting for the reply
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert (await limited.ahit("a")).allowed
+        assert (await limited.ahit("a")).allowed
+        pool_state(get_async_client().connection_pool, found)
+
+
+@pytest.mark.parametrize("path", [LEAN, ORDINARY])
+async def test_cancelled_reconnect_leaks_nothing(
+    server: RedisServer, control: redis.Redis, path: str
+) -> None:
+    """A request cancelled (client gone, a timeout wrapper) while its connection reconnects
+    to a hung server: the connection must go back all the same."""
+    with on(server, path):
+        limited = policy()
+        found = achannel(path)
+        assert (await limited.ahit("a")).allowed
+        with paused(control):
+            with pytest.raises(redis.TimeoutError):
+                await limited.ahit("a")  # the connection is dropped
+            task = asyncio.ensure_future(limited.ahit("a"))
+            await asyncio.sleep(0.1)  # reconnecting: the handshake waits for the server
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert (await limited.ahit("a")).allowed
+        assert (await limited.ahit("a")).allowed
+        pool_state(get_async_client().connection_pool, found)
