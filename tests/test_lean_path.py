@@ -35,6 +35,7 @@ import redis.asyncio
 from django.test import Client, override_settings
 
 from django_redislua import lean
+from django_redislua.checks import check_settings
 from django_redislua.connection import get_async_client, get_client
 from django_redislua.limiting.policy import Policy
 from django_redislua.testing import CommandRecorder, RedisServer
@@ -217,6 +218,41 @@ def test_lean_path_on_either_protocol(server: RedisServer, protocol: int) -> Non
         assert f" resp={protocol}".encode() in info, info
         limited = policy("2/m")
         assert [limited.hit("a").allowed for _ in range(3)] == [True, True, False]
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "utf-8"])
+async def test_lean_path_sends_the_bytes_the_ordinary_path_sends(
+    server: RedisServer, encoding: str
+) -> None:
+    """Whatever the pool's encoding, a non-ASCII text, bytes, a float and a big int reach Redis
+    byte for byte as each client's own execute_command sends them (ECHO returns what arrived):
+    redis-py packs sync commands with hiredis (text as UTF-8), asyncio ones in Python with the
+    encoder; a bytearray is converted (sync) or refused (asyncio) exactly as there."""
+    with on(server, LEAN, CONNECTION_OPTIONS={"encoding": encoding}):
+        found, afound = channel(LEAN), achannel(LEAN)
+        assert found is not None and afound is not None
+        for value in ("d\u00e9j\u00e0 vu", b"\xff\x00", 0.1, 2**70, bytearray(b"\xfe")):
+            assert found.call("ECHO", value) == get_client().execute_command("ECHO", value)
+            try:
+                ordinary = await get_async_client().execute_command("ECHO", value)
+            except redis.DataError:
+                with pytest.raises(redis.DataError):
+                    await afound.call("ECHO", value)
+            else:
+                assert await afound.call("ECHO", value) == ordinary
+        assert get_client().execute_command("ECHO", "\u00e9") == "\u00e9".encode()  # hiredis
+        assert await get_async_client().execute_command("ECHO", "\u00e9") == "\u00e9".encode(
+            encoding)
+        limited = policy("2/m")
+        assert [limited.hit("a").allowed for _ in range(3)] == [True, True, False]
+
+
+@pytest.mark.parametrize("value", ["no", "False", 0, 1, None])
+def test_e024_lean_calls_not_a_bool(value: object) -> None:
+    with override_settings(REDISLUA={"LEAN_CALLS": value}):
+        assert "redislua.E024" in [m.id for m in check_settings()]
+    with override_settings(REDISLUA={"LEAN_CALLS": False}):
+        assert "redislua.E024" not in [m.id for m in check_settings()]
 
 
 # -- 2. a server restart, or connections the server closed ---------------------------------------
