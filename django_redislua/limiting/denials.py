@@ -47,13 +47,6 @@ MAX_ENTRIES = 10_000
 # callable) asks Redis again.
 Entry = tuple[int, int, int, int, int, int, tuple[int, int, str]]
 _entries: dict[str, Entry] = {}
-_enabled: list[bool] = []  # the LOCAL_DENY setting, read once per settings change
-
-
-def enabled() -> bool:
-    if not _enabled:
-        _enabled.append(settings.LOCAL_DENY)
-    return _enabled[0]
 
 
 def answer(key: str, cost: int, now: int, policy: Policy,
@@ -69,23 +62,26 @@ def answer(key: str, cost: int, now: int, policy: Policy,
                     (lifted - now) / US, policy, identity, None, True)
 
 
-def record(key: str, cost: int, sent: int, policy: Policy, reply: Sequence[int]) -> None:
-    """Remember Redis's denial of ``cost`` (its reply: allowed, remaining, reset_after us,
-    retry_after us), decided for a request sent at ``sent``."""
-    if policy.code == "cc" or not enabled():
+def learn(key: str, cost: int, sent: int, policy: Policy, reply: Sequence[int],
+          consumed: bool) -> None:
+    """What Redis answered a hit of ``cost`` on ``key`` (its reply: allowed, remaining,
+    reset_after us, retry_after us), for a request sent at ``sent``: a denial is remembered;
+    a hit that consumed changed the state, so a denial known for a larger cost (with the quota
+    it reported) is dropped."""
+    if consumed:
+        _entries.pop(key, None)
+    elif reply[0] != 1:
+        _record(key, cost, sent, policy, reply)
+
+
+def _record(key: str, cost: int, sent: int, policy: Policy, reply: Sequence[int]) -> None:
+    if policy.code == "cc" or not settings.LOCAL_DENY:
         return
     if len(_entries) >= MAX_ENTRIES:
         _make_room(sent)
     retry = reply[3]
     _entries[key] = (cost, sent, sent + min(retry, HORIZON_US), sent + retry, reply[1],
                      sent + reply[2], (policy.limit, policy.param, policy.extra))
-
-
-def forget_on_admit(key: str) -> None:
-    """Redis admitted a request on ``key``: its state changed, so a denial known for a larger
-    cost (with the remaining quota it reported) is out of date."""
-    if _entries:
-        _entries.pop(key, None)
 
 
 def _make_room(now: int) -> None:
@@ -111,7 +107,6 @@ def clock(now_us: int | None) -> int:
 
 @on_change
 def _settings_changed() -> None:
-    _enabled.clear()
     _entries.clear()
 
 

@@ -74,8 +74,8 @@ class _One:
     """One check as data, no I/O: the lean common case (a single policy on a request).
 
     ``decision`` is set when no round trip is needed (a doomed check, or a denial this process
-    already knows, see :mod:`denials`); otherwise ``command`` is the script call to make and
-    :meth:`result` turns its reply into the Decision.
+    already knows, see :mod:`denials`); otherwise ``script`` called with ``(key,)`` and
+    ``args`` decides, and :meth:`result` turns its reply into the Decision.
     """
 
     __slots__ = (
@@ -96,7 +96,7 @@ class _One:
         _validate(policy, cost)
         self.policy, self.identity, self.cost, self.peek = policy, identity, cost, peek
         self.decision: Decision | None = None
-        if cost > policy.limit:
+        if _doomed(policy, cost):
             self.decision = _denied(policy, identity)
             return
         self.key = key = policy.redis_key(identity)
@@ -117,10 +117,7 @@ class _One:
         decision = Decision(allowed, policy.limit, reply[1], reply[2] / US, reply[3] / US,
                             policy, self.identity, lease)
         if not self.peek:
-            if allowed:
-                denials.forget_on_admit(self.key)
-            else:
-                denials.record(self.key, self.cost, self.sent, policy, reply)
+            denials.learn(self.key, self.cost, self.sent, policy, reply, consumed=allowed)
         return decision
 
 
@@ -209,10 +206,8 @@ class _Plan:
                     allowed, policy.limit, reply[4 * n + 1], reply[4 * n + 2] / US,
                     reply[4 * n + 3] / US, policy, identity, lease,
                 )
-                if consumed:
-                    denials.forget_on_admit(key)
-                elif not allowed and not peek:
-                    denials.record(key, cost, self.sent, policy, reply[4 * n:4 * n + 4])
+                if not peek:
+                    denials.learn(key, cost, self.sent, policy, reply[4 * n:4 * n + 4], consumed)
                 out[j] = decision
         return [cast(Decision, out[j]) for j in self.index]
 
@@ -258,10 +253,10 @@ async def aevaluate(
     client: AsyncClient | None = None, soft: Collection[int] = (),
 ) -> list[Decision]:
     """The asyncio twin of :func:`evaluate`."""
-    if client is None and on_throwaway_loop():  # an async view under WSGI: see on_throwaway_loop
-        return evaluate(checks, peek=peek, now_us=now_us, soft=soft)
     if len(checks) == 1:
         return [await adecide(*checks[0], peek=peek, now_us=now_us, client=client)]
+    if client is None and on_throwaway_loop():  # an async view under WSGI: see on_throwaway_loop
+        return evaluate(checks, peek=peek, now_us=now_us, soft=soft)
     if client is None:
         client = get_async_client()
     plan = _Plan(checks, peek, now_us, soft, _on_cluster(checks, client))
