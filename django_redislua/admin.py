@@ -104,6 +104,7 @@ def _policy_rows(in_use: dict[str, PolicyInUse]) -> list[dict[str, Any]]:
         rows.append({
             "name": name,
             "source": entry.source,
+            "mode": policy.mode,
             "algorithm": policy.algorithm,
             "rate": policy.rate_spec if policy.algorithm != "concurrency" else None,
             "limit": policy.limit if not policy.is_dynamic else "per request",

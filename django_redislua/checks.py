@@ -77,6 +77,26 @@ def _policies(config: dict[str, Any]) -> list[CheckMessage]:
     return messages
 
 
+def _metrics(value: Any) -> list[CheckMessage]:
+    from django_redislua import metrics
+
+    if not metrics.valid_setting(value):
+        return [_error(
+            "redislua.E025",
+            f"REDISLUA['METRICS'] must be \"auto\" or a list of {list(metrics.BACKENDS)} "
+            f"(each at most once), not {value!r}.",
+        )]
+    if value == "auto":
+        return []
+    extras = {metrics.PROMETHEUS: "prometheus", metrics.OPENTELEMETRY: "otel"}
+    return [
+        _error("redislua.E025",
+               f"REDISLUA['METRICS'] names {name!r}, whose package is not installed.",
+               hint=f"pip install 'django-redislua[{extras[name]}]'.")
+        for name in value if not metrics.installed(name)
+    ]
+
+
 def _scalars(config: dict[str, Any]) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
     unknown = sorted(set(config) - set(DEFAULTS))
@@ -143,7 +163,8 @@ def _scalars(config: dict[str, Any]) -> list[CheckMessage]:
                 f"not {window!r}.",
             )
         )
-    for name in ("LOCAL_DENY", "LEAN_CALLS"):
+    messages.extend(_metrics(config.get("METRICS", DEFAULTS["METRICS"])))
+    for name in ("LOCAL_DENY", "LEAN_CALLS", "ENABLED"):
         value = config.get(name, DEFAULTS[name])
         if not isinstance(value, bool):
             messages.append(

@@ -41,6 +41,12 @@ DEFAULTS: dict[str, Any] = {
     # Send script calls on a single server straight to a pooled connection (django_redislua/
     # lean.py), bypassing redis-py's per-command machinery; False keeps redis-py's path.
     "LEAN_CALLS": True,
+    # False: the decorators, the middleware and the DRF throttles admit every request without
+    # asking Redis (a kill switch, and for test settings). The Python API still decides.
+    "ENABLED": True,
+    # "auto": record metrics in prometheus_client and/or OpenTelemetry, whichever is installed;
+    # or a list of "prometheus", "opentelemetry"; [] for none. See django_redislua/metrics.py.
+    "METRICS": "auto",
 }
 
 HEADER_MODES = ("ietf", "legacy", "both", None)
@@ -149,11 +155,20 @@ class Settings:
         # checks.py reports anything else as redislua.E023; the lock keeps working on 1 s.
         return float(value) if valid_claim_window(value) else 1.0
 
-
     @property
     def LEAN_CALLS(self) -> bool:
         # checks.py reports a value that is not a bool as redislua.E024.
         return bool(_merged()["LEAN_CALLS"])
+
+    @property
+    def ENABLED(self) -> bool:
+        # checks.py reports a value that is not a bool as redislua.E024.
+        return bool(_merged()["ENABLED"])
+
+    @property
+    def METRICS(self) -> Any:
+        # checks.py reports a value that is not "auto" or a list of backends as redislua.E025.
+        return _merged()["METRICS"]
 
     @property
     def LOCAL_DENY(self) -> bool:

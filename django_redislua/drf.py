@@ -56,7 +56,10 @@ from django_redislua.request_layer import (
     UNAVAILABLE_RETRY_AFTER,
     Rule,
     checks_for,
+    count_failure,
+    enforced,
     mark_logged,
+    record_shadow,
     release_all,
     report_broken,
     report_outage,
@@ -107,7 +110,8 @@ def _decide(
     throttle: BaseThrottle, request: Request, view: APIView | None, checks: Sequence[Check],
     now_us: int | None = None, soft: frozenset[int] = frozenset(),
 ) -> list[Decision] | None:
-    """Decide ``checks`` in one script call and record them.
+    """Decide ``checks`` in one script call and record them (shadow policies' Decisions on
+    ``request.ratelimit_shadow``, without headers).
 
     The limiter failing: None (admit) with ``FAIL_OPEN``, else RateLimiterUnavailable (503).
     """
@@ -115,10 +119,12 @@ def _decide(
         decisions = evaluate(checks, now_us=now_us, soft=soft)
     except CLIENT_ERRORS as exc:
         report_outage(exc)  # one warning a minute, not one per request
+        count_failure(checks, settings.FAIL_OPEN)
         if settings.FAIL_OPEN:
             return None
         raise _unavailable(view) from exc
-    recorded = [*getattr(request, "ratelimit", ()), *decisions]
+    record_shadow(request, decisions)
+    recorded = [*getattr(request, "ratelimit", ()), *enforced(decisions)]
     request.ratelimit = recorded  # type: ignore[attr-defined]
     if view is not None and isinstance(getattr(view, "headers", None), dict):
         # DRF sets Retry-After itself from the largest wait() of every throttle on the view.
@@ -245,6 +251,8 @@ class SimpleRateThrottle(BaseThrottle):
 
     def allow_request(self, request: Request, view: APIView) -> bool:
         self.decision = None
+        if not settings.ENABLED:  # the kill switch: admit, ask nothing
+            return True
         if self.error is not None:
             return _broken(view, self.error)
         if self.rate is None:
@@ -347,7 +355,9 @@ class PolicyThrottle(BaseThrottle):
         return checks_for(request, [rule_for_name(name) for name in names])
 
     def allow_request(self, request: Request, view: APIView) -> bool:
-        self.decisions = []
+        self.decisions, self.blocking = [], []
+        if not settings.ENABLED:
+            return True
         rules, checks, broken = self.get_rules(request, view)
         if broken and not settings.FAIL_OPEN:
             raise _unavailable(view)
@@ -360,8 +370,10 @@ class PolicyThrottle(BaseThrottle):
         held = [d for d in decisions if d.lease is not None]
         if held:
             _release_when_done(view, held)
-        # A policy with "block": False only marks the request (request.limited); it never denies.
-        self.blocking = [d for d, rule in zip(decisions, rules, strict=True) if rule.block]
+        # A policy with "block": False only marks the request (request.limited); it never denies,
+        # and neither does one in shadow mode.
+        self.blocking = [d for d, rule in zip(decisions, rules, strict=True)
+                         if rule.block and not d.policy.shadow]
         return all(d.allowed for d in self.blocking)
 
     def wait(self) -> float | None:

@@ -25,6 +25,7 @@ from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
+from django_redislua import metrics
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.headers import rate_limit_headers
@@ -210,6 +211,7 @@ class Outcome:
 
 
 UNAVAILABLE = Outcome((), (), unavailable=True)
+NOTHING = Outcome((), ())  # no rule applied (or REDISLUA["ENABLED"] is False)
 
 
 def checks_for(
@@ -234,31 +236,78 @@ def checks_for(
 
 
 def soft_indexes(rules: Sequence[Rule]) -> frozenset[int]:
-    """Indexes of the rules that do not block (``block=False``): they never gate the others."""
-    return frozenset(i for i, rule in enumerate(rules) if not rule.block)
+    """Indexes of the rules that never gate the others: those that do not block
+    (``block=False``), and shadow policies (enforcing nothing, they must change nothing)."""
+    return frozenset(i for i, rule in enumerate(rules) if not rule.block or rule.policy.shadow)
+
+
+def enforced(decisions: Iterable[Decision]) -> list[Decision]:
+    """The Decisions that count for the response: all but those of shadow policies."""
+    return [d for d in decisions if not d.policy.shadow]
+
+
+def record_shadow(request: HttpRequest, decisions: Sequence[Decision]) -> None:
+    """Keep shadow Decisions on ``request.ratelimit_shadow`` and log their denials (sampled:
+    one line per policy a minute, with how many were held back)."""
+    shadow = [d for d in decisions if d.policy.shadow]
+    if not shadow:
+        return
+    previous = getattr(request, "ratelimit_shadow", None)
+    request.ratelimit_shadow = [*(previous or []), *shadow]  # type: ignore[attr-defined]
+    for decision in shadow:
+        if not decision.allowed:
+            report_shadow_denial(decision)
+
+
+def report_shadow_denial(decision: Decision) -> None:
+    name = decision.policy.name
+    held = _log_gate.due(f"shadow:{name}")
+    if held is None:
+        return
+    logger.info(
+        "shadow policy %r denied a request (result shadow_denied, retry after %.3fs); the "
+        "request went on, as the policy is in shadow mode. %d more shadow denials by it were "
+        "not logged since the last line.", name, decision.retry_after, held,
+    )
 
 
 def _record(request: HttpRequest, rules: list[Rule], decisions: Sequence[Decision]) -> Outcome:
+    """Put the enforced Decisions on ``request.ratelimit`` (and ``request.limited``), the
+    shadow ones on ``request.ratelimit_shadow``; the Outcome blocks on enforced ones only."""
+    record_shadow(request, decisions)
+    pairs = [(r, d) for r, d in zip(rules, decisions, strict=True) if not d.policy.shadow]
+    shown = [d for _r, d in pairs]
     previous = getattr(request, "ratelimit", None)
-    request.ratelimit = [*(previous or []), *decisions]  # type: ignore[attr-defined]
-    limited = any(not d.allowed for d in decisions)
+    request.ratelimit = [*(previous or []), *shown]  # type: ignore[attr-defined]
+    limited = any(not d.allowed for d in shown)
     request.limited = getattr(request, "limited", False) or limited  # type: ignore[attr-defined]
-    return Outcome(tuple(rules), tuple(decisions))
+    return Outcome(tuple(r for r, _d in pairs), tuple(shown))
 
 
 def _begin(
     request: HttpRequest, rules: Iterable[RuleOrError]
 ) -> tuple[list[Rule], list[Check]] | Outcome:
-    """The checks to send, or the Outcome already known (a broken rule with FAIL_OPEN off)."""
+    """The checks to send, or the Outcome already known: nothing when ``ENABLED`` is False
+    (no key function runs, Redis is not asked), 503 for a broken rule with FAIL_OPEN off."""
+    if not settings.ENABLED:
+        return NOTHING
     applied, checks, broken = checks_for(request, rules)
     if broken and not settings.FAIL_OPEN:
         return UNAVAILABLE
     return applied, checks
 
 
-def _failed(request: HttpRequest, exc: BaseException) -> Outcome:
+def count_failure(checks: Iterable[Check], fail_open: bool) -> None:
+    """Redis failed for ``checks``: count each as failed_open (admitted) or unavailable."""
+    result = metrics.FAILED_OPEN if fail_open else metrics.UNAVAILABLE
+    for policy, _identity, _cost in checks:
+        metrics.decision(policy.name, policy.algorithm, result)
+
+
+def _failed(request: HttpRequest, checks: list[Check], exc: BaseException) -> Outcome:
     """Redis failed: FAIL_OPEN admits (nothing decided, nothing recorded), else 503."""
     report_outage(exc)
+    count_failure(checks, settings.FAIL_OPEN)
     if not settings.FAIL_OPEN:
         return UNAVAILABLE
     return _record(request, [], [])
@@ -275,7 +324,7 @@ def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any) -> O
     try:
         decisions = evaluate(checks, soft=soft_indexes(applied)) if checks else []
     except CLIENT_ERRORS as exc:
-        return _failed(request, exc)
+        return _failed(request, checks, exc)
     outcome = _record(request, applied, decisions)
     for decision in decisions:
         if not decision.allowed:
@@ -292,7 +341,7 @@ async def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: An
     try:
         decisions = await aevaluate(checks, soft=soft_indexes(applied)) if checks else []
     except CLIENT_ERRORS as exc:
-        return _failed(request, exc)
+        return _failed(request, checks, exc)
     outcome = _record(request, applied, decisions)
     for decision in decisions:
         if not decision.allowed:

@@ -28,8 +28,15 @@ from django.apps import apps
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
+from django_redislua import metrics
 from django_redislua.conf import settings
-from django_redislua.connection import AsyncClient, SyncClient, get_async_client, get_client
+from django_redislua.connection import (
+    CLIENT_ERRORS,
+    AsyncClient,
+    SyncClient,
+    get_async_client,
+    get_client,
+)
 from django_redislua.lean import async_channel_for, channel_for
 
 INCLUDE = re.compile(r"^--#include\s+(\S+)\s*$", re.MULTILINE)
@@ -94,18 +101,22 @@ class Script:
         args: Sequence[Arg] = (),
         client: SyncClient | None = None,
     ) -> Any:
-        client = client or get_client()
-        channel = channel_for(client)
-        send = client.execute_command if channel is None else channel.call
-        command = self._command(keys, args)
         try:
+            client = client or get_client()
+            channel = channel_for(client)
+            send = client.execute_command if channel is None else channel.call
+            command = self._command(keys, args)
+            try:
+                return send(*command)
+            except ResponseError as exc:
+                load = self._load_command(exc)
+                if load is None:
+                    raise
+            send(*load)
             return send(*command)
-        except ResponseError as exc:
-            load = self._load_command(exc)
-            if load is None:
-                raise
-        send(*load)
-        return send(*command)
+        except CLIENT_ERRORS:
+            metrics.redis_error(self.name)
+            raise
 
     async def acall(
         self,
@@ -113,18 +124,22 @@ class Script:
         args: Sequence[Arg] = (),
         client: AsyncClient | None = None,
     ) -> Any:
-        client = client or get_async_client()
-        channel = async_channel_for(client)
-        send = client.execute_command if channel is None else channel.call
-        command = self._command(keys, args)
         try:
+            client = client or get_async_client()
+            channel = async_channel_for(client)
+            send = client.execute_command if channel is None else channel.call
+            command = self._command(keys, args)
+            try:
+                return await send(*command)
+            except ResponseError as exc:
+                load = self._load_command(exc)
+                if load is None:
+                    raise
+            await send(*load)
             return await send(*command)
-        except ResponseError as exc:
-            load = self._load_command(exc)
-            if load is None:
-                raise
-        await send(*load)
-        return await send(*command)
+        except CLIENT_ERRORS:
+            metrics.redis_error(self.name)
+            raise
 
     def _command(self, keys: Sequence[KeyArg], args: Sequence[Arg]) -> tuple[Any, ...]:
         """``EVALSHA sha n keys args``, or ``FCALL`` of this script's function."""

@@ -25,6 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
+from django_redislua import metrics
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.keys import client_ip
@@ -238,7 +239,7 @@ def _check(
     """The counter this request is counted under, or None when it is not limited at all."""
     if group is None and fn is None:
         raise ImproperlyConfigured("get_usage must be called with either `group` or `fn` arguments")
-    if not _setting("RATELIMIT_ENABLE", True):
+    if not settings.ENABLED or not _setting("RATELIMIT_ENABLE", True):
         return None
     if not _method_matches(request, method):
         return None
@@ -262,6 +263,11 @@ def _fail_open() -> bool:
     return bool(_setting("RATELIMIT_FAIL_OPEN", settings.FAIL_OPEN))
 
 
+def _count(check: _Check, result: str) -> None:
+    """Compat decides from its own counter (the engine only counts), so it meters itself."""
+    metrics.decision(check.shown.name, check.shown.algorithm, result)
+
+
 def _deny_all(request: HttpRequest, check: _Check, increment: bool) -> Usage:
     """A rate of 0 (or less): every request is limited; Redis is not asked.
 
@@ -273,6 +279,7 @@ def _deny_all(request: HttpRequest, check: _Check, increment: bool) -> Usage:
     # As the engine's own zero rates: nothing to reset, and no wait helps (so no Retry-After).
     decision = Decision(False, check.limit, 0, 0.0, math.inf, check.shown, check.value)
     if increment:
+        _count(check, metrics.DENIED)
         rate_limited.send(get_usage, request=request, decision=decision)
     return {
         "count": 1 if increment else 0,
@@ -296,8 +303,10 @@ def _usage(request: HttpRequest, check: _Check, counted: Decision, increment: bo
         not should_limit, limit, max(0, limit - count), counted.reset_after,
         counted.reset_after if should_limit else 0.0, check.shown, check.value,
     )
-    if increment and should_limit:
-        rate_limited.send(get_usage, request=request, decision=decision)
+    if increment:
+        _count(check, metrics.DENIED if should_limit else metrics.ALLOWED)
+        if should_limit:
+            rate_limited.send(get_usage, request=request, decision=decision)
     return {
         "count": count,
         "limit": limit,
@@ -307,8 +316,10 @@ def _usage(request: HttpRequest, check: _Check, counted: Decision, increment: bo
     }
 
 
-def _outage(exc: BaseException) -> Usage | None:
+def _outage(check: _Check, increment: bool, exc: BaseException) -> Usage | None:
     report_outage(exc, fail_open=_fail_open(), denied_as="limited (django-ratelimit's way)")
+    if increment:
+        _count(check, metrics.FAILED_OPEN if _fail_open() else metrics.UNAVAILABLE)
     if _fail_open():
         return None
     # django-ratelimit's answer when its cache cannot count: limited.
@@ -331,9 +342,10 @@ def get_usage(
     if check.limit <= 0:
         return _deny_all(request, check, increment)
     try:
-        counted = evaluate([(check.counter, check.value, 1)], peek=not increment)[0]
+        counted = evaluate([(check.counter, check.value, 1)], peek=not increment,
+                           metered=False)[0]
     except CLIENT_ERRORS as exc:
-        return _outage(exc)
+        return _outage(check, increment, exc)
     return _usage(request, check, counted, increment)
 
 
@@ -348,9 +360,10 @@ async def aget_usage(
     if check.limit <= 0:
         return _deny_all(request, check, increment)
     try:
-        counted = (await aevaluate([(check.counter, check.value, 1)], peek=not increment))[0]
+        counted = (await aevaluate([(check.counter, check.value, 1)], peek=not increment,
+                                  metered=False))[0]
     except CLIENT_ERRORS as exc:
-        return _outage(exc)
+        return _outage(check, increment, exc)
     return _usage(request, check, counted, increment)
 
 

@@ -33,6 +33,7 @@ import time
 from collections.abc import Sequence
 
 from django_redislua.conf import on_change, settings
+from django_redislua.limiting import clock as decision_clock
 
 # A denial is answered locally for 1 s at most: a reset elsewhere waits no longer.
 HORIZON_US = 1_000_000
@@ -100,9 +101,11 @@ def forget(key: str | None = None) -> None:
 
 
 def clock(now_us: int | None) -> int:
-    """The cache's clock in microseconds: the local monotonic clock, or a test's injected
-    server time."""
-    return time.monotonic_ns() // 1000 if now_us is None else now_us
+    """The cache's clock in microseconds: the local monotonic clock (moved as far ahead as
+    the decisions' clock, see :mod:`clock`), or a test's injected server time."""
+    if now_us is None:
+        return time.monotonic_ns() // 1000 + decision_clock.shift_us
+    return now_us
 
 
 @on_change

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from typing import Any, cast
 
@@ -17,6 +18,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
+from django_redislua import metrics
 from django_redislua.connection import (
     AsyncClient,
     SyncClient,
@@ -24,7 +26,7 @@ from django_redislua.connection import (
     get_client,
     on_throwaway_loop,
 )
-from django_redislua.limiting import denials
+from django_redislua.limiting import clock, denials
 from django_redislua.limiting.policy import Decision, Policy, PolicyError, RateLimited
 from django_redislua.scripts import get_script
 
@@ -107,7 +109,7 @@ class _One:
                 return
         self.extra = _extra(policy)
         self.script = SCRIPT_ONE[policy.code]
-        self.args = ["peek" if peek else "hit", "" if now_us is None else now_us, policy.code,
+        self.args = ["peek" if peek else "hit", clock.script_now(now_us), policy.code,
                      policy.limit, policy.param, cost, self.extra, "1"]
 
     def result(self, reply: Sequence[int]) -> Decision:
@@ -178,7 +180,7 @@ class _Plan:
         self.calls: list[tuple[list[str], list[Any]]] = []
         for group in groups:
             keys: list[str] = []
-            args: list[Any] = [mode, "" if now_us is None else now_us]
+            args: list[Any] = [mode, clock.script_now(now_us)]
             for j in group:
                 policy, _identity, cost, gate, key = unique[j]
                 keys.append(key)
@@ -218,18 +220,63 @@ def _on_cluster(checks: Sequence[Check], client: object) -> bool:
     return len(checks) > 1 and isinstance(client, CLUSTER_CLIENTS)
 
 
+def _result(decision: Decision) -> str:
+    if decision.allowed:
+        return metrics.ALLOWED
+    return metrics.SHADOW_DENIED if decision.policy.shadow else metrics.DENIED
+
+
+def _metered(decisions: Sequence[Decision], seconds: float,
+             sinks: tuple[metrics.Sink, ...]) -> None:
+    """Count ``decisions`` by result, and the time they took, per policy."""
+    timed: set[str] = set()
+    for decision in decisions:
+        policy = decision.policy
+        for sink in sinks:
+            sink.decision(policy.name, policy.algorithm, _result(decision))
+            if policy.name not in timed:
+                sink.decision_seconds(policy.name, seconds)
+        timed.add(policy.name)
+
+
+def _timed_failure(checks: Sequence[Check], seconds: float,
+                   sinks: tuple[metrics.Sink, ...]) -> None:
+    """A decision that failed took time too (a socket timeout, typically): observe it. The
+    caller counts the result (failed_open or unavailable), knowing what it did."""
+    for name in {policy.name for policy, _identity, _cost in checks}:
+        for sink in sinks:
+            sink.decision_seconds(name, seconds)
+
+
 def evaluate(
     checks: Sequence[Check], *, peek: bool = False, now_us: int | None = None,
-    client: SyncClient | None = None, soft: Collection[int] = (),
+    client: SyncClient | None = None, soft: Collection[int] = (), metered: bool = True,
 ) -> list[Decision]:
     """Decide every ``(policy, identity, cost)`` in one script call (one per cluster slot).
 
     ``soft`` holds the indexes of checks that do not gate: their denial does not stop the
     others from consuming, and they consume whenever they allow. The others are all-or-nothing
-    among themselves. ``now_us`` is for tests.
+    among themselves. ``now_us`` is for tests. Hits are counted in the metrics (see
+    :mod:`django_redislua.metrics`) unless ``metered`` is False: a caller that reads the
+    Decisions its own way (compat) counts what it decided itself. Peeks are never counted.
     """
+    sinks = () if peek or not metered else metrics.sinks()
+    if not sinks:
+        return _evaluate(checks, peek, now_us, client, soft)
+    started = time.perf_counter()
+    try:
+        decisions = _evaluate(checks, peek, now_us, client, soft)
+    except BaseException:
+        _timed_failure(checks, time.perf_counter() - started, sinks)
+        raise
+    _metered(decisions, time.perf_counter() - started, sinks)
+    return decisions
+
+
+def _evaluate(checks: Sequence[Check], peek: bool, now_us: int | None,
+              client: SyncClient | None, soft: Collection[int]) -> list[Decision]:
     if len(checks) == 1:  # one check gates nothing but itself: ``soft`` changes nothing
-        return [decide(*checks[0], peek=peek, now_us=now_us, client=client)]
+        return [_decide(*checks[0], peek, now_us, client)]
     if client is None:
         client = get_client()
     plan = _Plan(checks, peek, now_us, soft, _on_cluster(checks, client))
@@ -242,6 +289,14 @@ def decide(
     now_us: int | None = None, client: SyncClient | None = None,
 ) -> Decision:
     """One check: :func:`evaluate` of ``[(policy, identity, cost)]``, without the list."""
+    sinks = () if peek else metrics.sinks()
+    if not sinks:
+        return _decide(policy, identity, cost, peek, now_us, client)
+    return evaluate([(policy, identity, cost)], now_us=now_us, client=client)[0]
+
+
+def _decide(policy: Policy, identity: str | bytes | int, cost: int, peek: bool,
+            now_us: int | None, client: SyncClient | None) -> Decision:
     one = _One(policy, identity, cost, peek, now_us)
     if one.decision is not None:
         return one.decision
@@ -250,13 +305,28 @@ def decide(
 
 async def aevaluate(
     checks: Sequence[Check], *, peek: bool = False, now_us: int | None = None,
-    client: AsyncClient | None = None, soft: Collection[int] = (),
+    client: AsyncClient | None = None, soft: Collection[int] = (), metered: bool = True,
 ) -> list[Decision]:
     """The asyncio twin of :func:`evaluate`."""
-    if len(checks) == 1:
-        return [await adecide(*checks[0], peek=peek, now_us=now_us, client=client)]
     if client is None and on_throwaway_loop():  # an async view under WSGI: see on_throwaway_loop
-        return evaluate(checks, peek=peek, now_us=now_us, soft=soft)
+        return evaluate(checks, peek=peek, now_us=now_us, soft=soft, metered=metered)
+    sinks = () if peek or not metered else metrics.sinks()
+    if not sinks:
+        return await _aevaluate(checks, peek, now_us, client, soft)
+    started = time.perf_counter()
+    try:
+        decisions = await _aevaluate(checks, peek, now_us, client, soft)
+    except BaseException:
+        _timed_failure(checks, time.perf_counter() - started, sinks)
+        raise
+    _metered(decisions, time.perf_counter() - started, sinks)
+    return decisions
+
+
+async def _aevaluate(checks: Sequence[Check], peek: bool, now_us: int | None,
+                     client: AsyncClient | None, soft: Collection[int]) -> list[Decision]:
+    if len(checks) == 1:
+        return [await _adecide(*checks[0], peek, now_us, client)]
     if client is None:
         client = get_async_client()
     plan = _Plan(checks, peek, now_us, soft, _on_cluster(checks, client))
@@ -273,6 +343,14 @@ async def adecide(
     """The asyncio twin of :func:`decide`."""
     if client is None and on_throwaway_loop():
         return decide(policy, identity, cost, peek=peek, now_us=now_us)
+    sinks = () if peek else metrics.sinks()
+    if not sinks:
+        return await _adecide(policy, identity, cost, peek, now_us, client)
+    return (await aevaluate([(policy, identity, cost)], now_us=now_us, client=client))[0]
+
+
+async def _adecide(policy: Policy, identity: str | bytes | int, cost: int, peek: bool,
+                   now_us: int | None, client: AsyncClient | None) -> Decision:
     one = _One(policy, identity, cost, peek, now_us)
     if one.decision is not None:
         return one.decision

@@ -34,8 +34,12 @@ DEFAULT_CONCURRENCY_TIMEOUT = 60.0
 # Options a policy in REDISLUA["POLICIES"] may have. `key`, `methods` and `block` are read by the
 # Django layers; the core stores them untouched.
 POLICY_OPTIONS = frozenset(
-    {"algorithm", "rate", "burst", "limit", "timeout", "key", "methods", "cost", "block"}
+    {"algorithm", "rate", "burst", "limit", "timeout", "key", "methods", "cost", "block", "mode"}
 )
+# "enforce": the Django layers deny what the policy denies. "shadow": decided, counted and
+# signalled exactly the same, but never blocks a request and sets no headers (a dry run).
+ENFORCE, SHADOW = "enforce", "shadow"
+MODES = (ENFORCE, SHADOW)
 
 RateSpec = str | Callable[..., str | None] | None
 # Integers above 2^53 are not exact in a Lua number (a double): the scripts' bucket arithmetic
@@ -91,6 +95,7 @@ class Policy:
         methods: Sequence[str] | None = None,
         cost: int = 1,
         block: bool = True,
+        mode: str = ENFORCE,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise PolicyError(
@@ -102,7 +107,14 @@ class Policy:
                 f"policy {name!r}: unknown algorithm {algorithm!r} "
                 f"(choose from {', '.join(ALGORITHMS)})",
             )
+        if mode not in MODES:
+            raise PolicyError(
+                "redislua.E026",
+                f"policy {name!r}: mode must be {ENFORCE!r} or {SHADOW!r}, not {mode!r}",
+            )
         self.name = name
+        self.mode = mode
+        self.shadow = mode == SHADOW
         self.algorithm = algorithm
         self.code = ALGORITHMS[algorithm]
         self.key = key
@@ -190,7 +202,8 @@ class Policy:
 
     def __repr__(self) -> str:
         what = self.rate or self.rate_spec if self.algorithm != "concurrency" else self.limit
-        return f"<Policy {self.name} {self.algorithm} {what}>"
+        shadow = " shadow" if self.shadow else ""
+        return f"<Policy {self.name} {self.algorithm} {what}{shadow}>"
 
     @property
     def interval_us(self) -> float:
@@ -329,6 +342,11 @@ class Decision:
 
     def __bool__(self) -> bool:
         return self.allowed
+
+    @property
+    def shadow(self) -> bool:
+        """The policy is in shadow mode: the Django layers never block on this Decision."""
+        return self.policy.shadow
 
 
 class RateLimited(Exception):

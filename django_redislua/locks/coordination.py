@@ -29,6 +29,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction
 
+from django_redislua import metrics
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import Keys, keys_for
 from django_redislua.locks.lease import AsyncRenewer, Lease, Renewer, milliseconds
@@ -131,6 +132,14 @@ class _Once:
         self.must_run = False
         self.result: Any = None
         self.done = False
+        self.lost_counted = False
+
+    def lost(self) -> None:
+        """The renewer gave up: the lease ran out unrenewed, or another run took it."""
+        self.lost_counted = True
+        metrics.lock_lost()
+        logger.error("run_once %s: the running lease was lost while the handler ran",
+                     self.keys.base)
 
     def args(self) -> list[str | int]:
         self.sent_at = time.monotonic()
@@ -158,6 +167,9 @@ class _Once:
         """Read once_finish's reply: raise LeaseLost when another run took the key over."""
         what = f"run_once {self.keys.base}"
         code = int(reply)
+        if code == 0 and not self.lost_counted:  # lost, and the renewer had not said so
+            self.lost_counted = True
+            metrics.lock_lost()
         if code == 2:
             logger.warning("%s: the run outlived its lease, but no other run started; its "
                            "outcome was recorded", what)
@@ -194,10 +206,6 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
     def in_progress(once: _Once) -> RunInProgress:
         return RunInProgress(f"run_once {once.keys.base}: another call is running it")
 
-    def lost(once: _Once) -> Callable[[], None]:
-        return lambda: logger.error("run_once %s: the running lease was lost while the handler "
-                                    "ran", once.keys.base)
-
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         if iscoroutinefunction(func):
             async_func = cast(Callable[P, Awaitable[Any]], func)
@@ -215,7 +223,7 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
                     raise in_progress(once)
                 if once.done:
                     return once.result
-                renewer = AsyncRenewer(once.lease(), lease_ms / 1000, lost(once))
+                renewer = AsyncRenewer(once.lease(), lease_ms / 1000, once.lost)
                 try:
                     result = await async_func(*args, **kwargs)
                 except BaseException:
@@ -249,7 +257,7 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
                 raise in_progress(once)
             if once.done:
                 return cast(R, once.result)
-            renewer = Renewer(once.lease(), lease_ms / 1000, lost(once), once.keys.base)
+            renewer = Renewer(once.lease(), lease_ms / 1000, once.lost, once.keys.base)
             try:
                 result = func(*args, **kwargs)
             except BaseException:
@@ -284,6 +292,7 @@ class _Flight:
         self.sent_at = 0.0
         self.must_build = False
         self.value: Any = None
+        self.lost_counted = False
 
     def begin_call(self) -> tuple[list[str], list[str | int]]:
         self.sent_at = time.monotonic()
@@ -304,6 +313,8 @@ class _Flight:
         return Lease(self.keys.sub("building"), self.token, self.lease_seconds, self.sent_at)
 
     def lost(self) -> None:
+        self.lost_counted = True
+        metrics.lock_lost()
         logger.error("single_flight %s: the build lease was lost while building; another "
                      "caller may build at the same time", self.keys.base)
 
@@ -317,6 +328,9 @@ class _Flight:
 
     def finished(self, reply: Any, outcome: str) -> None:
         if int(reply) == 0:
+            if not self.lost_counted:  # lost, and the renewer had not said so
+                self.lost_counted = True
+                metrics.lock_lost()
             logger.warning("single_flight %s: the build outlived its lease and another caller "
                            "took it over; this build's %s was not stored", self.keys.base,
                            "value" if outcome == "store" else "failure")

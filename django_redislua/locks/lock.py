@@ -35,6 +35,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction
 
+from django_redislua import metrics
 from django_redislua.conf import settings
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import keys_for
@@ -130,6 +131,42 @@ def redis_failures_as_lock_errors(method: Callable[P, R]) -> Callable[P, R]:
             raise LockUnavailable(f"Redis failed while locking: {exc}") from exc
 
     return translated
+
+
+def metered_acquire(method: Callable[P, R]) -> Callable[P, R]:
+    """Count an acquire (sync or ``async def``) by outcome, and time it: acquired, timeout
+    (not acquired: the wait ran out, or a non-blocking try found it held) or unavailable
+    (:class:`LockUnavailable`). See :mod:`django_redislua.metrics`."""
+    def outcome(held: object, started: float) -> None:
+        result = metrics.ACQUIRED if held else metrics.TIMEOUT
+        metrics.lock_acquired(result, time.monotonic() - started)
+
+    if iscoroutinefunction(method):
+        @functools.wraps(method)
+        async def async_metered(*args: P.args, **kwargs: P.kwargs) -> Any:
+            started = time.monotonic()
+            try:
+                held = await method(*args, **kwargs)
+            except LockUnavailable:
+                metrics.lock_acquired(metrics.UNAVAILABLE, None)
+                raise
+            outcome(held, started)
+            return held
+
+        return cast(Callable[P, R], async_metered)
+
+    @functools.wraps(method)
+    def metered(*args: P.args, **kwargs: P.kwargs) -> R:
+        started = time.monotonic()
+        try:
+            held = method(*args, **kwargs)
+        except LockUnavailable:
+            metrics.lock_acquired(metrics.UNAVAILABLE, None)
+            raise
+        outcome(held, started)
+        return held
+
+    return metered
 
 
 def parse_wait(value: float | str | None) -> float | None:
@@ -278,6 +315,8 @@ class Lock:
 
     def _not_owned(self, action: str, believed_held: bool) -> LockNotOwned:
         if believed_held:
+            if not self._lost:  # the renewer had not found it lost: count it here
+                metrics.lock_lost()
             self._lost = True
             return LeaseLost(f"cannot {action} lock {self.name!r}: its lease ran out or it was "
                              f"taken while this owner held it (token {self.token})")
@@ -286,6 +325,8 @@ class Lock:
 
     def _renewal_lost(self) -> None:
         """Called by the renewer when the lease ran out unrenewed or was taken."""
+        if not self._lost:
+            metrics.lock_lost()
         self._lost = True
         logger.error("lock %r (token %s): lease lost while held; another holder may run now",
                      self.name, self.token)
@@ -343,6 +384,7 @@ class Lock:
         if not self.reentrant or self._depth <= 1:
             self._depth = 0
 
+    @metered_acquire
     @redis_failures_as_lock_errors
     def acquire(self, blocking: bool | None = None,
                 blocking_timeout: float | str | None = None) -> bool:
@@ -464,6 +506,7 @@ class Lock:
         keys, args = wait.withdraw("give")
         await get_script("django_redislua.lock_withdraw").acall(keys=keys, args=args)
 
+    @metered_acquire
     @redis_failures_as_lock_errors
     async def aacquire(self, blocking: bool | None = None,
                        blocking_timeout: float | str | None = None) -> bool:

@@ -5,8 +5,9 @@
 --          cluster call).
 -- ARGV[1]  "hit" (consume what is allowed, see below), "peek" (write nothing), or "soft" (a
 --          hit whose gating policies are already denied by the caller: only soft ones consume).
--- ARGV[2]  current time in microseconds, or "" to read the server clock with TIME
---          (tests inject time here; production always sends "").
+-- ARGV[2]  "" to read the server clock with TIME; "+N" for the server clock N microseconds
+--          ahead (the testing helpers' advance()); or the time itself, in microseconds (tests
+--          inject it). Production sends "".
 -- Then six ARGV per policy i, starting at ARGV[3 + 6 * (i - 1)]:
 --   algorithm code ("fw", "sl", "sw", "tb", "lb", "gc", "cc"),
 --   limit (count per period, or capacity/burst, or slots),

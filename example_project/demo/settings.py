@@ -63,6 +63,8 @@ REDISLUA = {
         "api": {"algorithm": "gcra", "rate": "100/m", "burst": 20, "key": "user_or_ip"},
         "search": {"algorithm": "token_bucket", "rate": "10/s", "burst": 50, "key": "user_or_ip"},
         "export": {"algorithm": "concurrency", "limit": 2, "key": "user", "timeout": "10m"},
+        # A stricter search limit being tried out: decided and counted, never enforced.
+        "search-v2": {"algorithm": "sliding_window", "rate": "3/m", "key": "ip", "mode": "shadow"},
     },
 }
 

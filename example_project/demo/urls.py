@@ -10,6 +10,8 @@ urlpatterns = [
     path("api/", views.api, name="api"),
     path("stacked/", views.stacked, name="stacked"),
     path("async/", views.async_limited, name="async-limited"),
+    path("shadow/", views.shadow, name="shadow"),
+    path("metrics", views.metrics, name="metrics"),
     path("coordination/", coordination.coordination, name="coordination"),
     path("api/", include(api.router.urls)),
     path("admin/", admin.site.urls),

@@ -49,6 +49,28 @@ def stacked(request: HttpRequest) -> HttpResponse:
     return render(request, "demo/stacked.html", {"decisions": request.ratelimit})  # type: ignore[attr-defined]
 
 
+@ratelimit("search")
+@ratelimit("search-v2")
+def shadow(request: HttpRequest) -> HttpResponse:
+    """A new, stricter limit tried in shadow mode beside the enforced one: "search-v2" (3/m)
+    is decided and counted like "search", but never blocks and sends no headers."""
+    return render(request, "demo/shadow.html", {
+        "enforced": request.ratelimit,  # type: ignore[attr-defined]
+        "shadow": getattr(request, "ratelimit_shadow", []),
+    })
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """What Prometheus scrapes: this process's redislua_* metrics (prometheus_client)."""
+    try:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    except ImportError:
+        return HttpResponse("prometheus_client is not installed: pip install "
+                            "'django-redislua[prometheus]'\n", status=501,
+                            content_type="text/plain")
+    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+
+
 @ratelimit("demo")
 async def async_limited(request: HttpRequest) -> HttpResponse:
     """An ``async def`` view: decided by the asyncio Redis client, no thread hop."""

@@ -38,3 +38,13 @@ end
 local function int(n)
   return string.format('%.0f', n)
 end
+
+-- ARGV "now" when it is not "" (which reads TIME): a time in microseconds that a test injects,
+-- or "+N": the server clock moved N microseconds ahead (the testing helpers' advance()).
+local function given_now(arg)
+  if string.byte(arg) == 43 then -- "+"
+    local t = redis.call('TIME')
+    return t[1] * 1000000 + t[2] + tonumber(string.sub(arg, 2))
+  end
+  return tonumber(arg)
+end

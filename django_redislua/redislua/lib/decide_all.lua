@@ -4,10 +4,12 @@ local function decide_all(KEYS, ARGV)
   if #KEYS == 1 then
     return decide_one(KEYS, ARGV)
   end
-  local now = tonumber(ARGV[2])
-  if not now then
+  local now = ARGV[2]
+  if now == '' then
     local t = redis.call('TIME')
     now = t[1] * 1000000 + t[2]
+  else
+    now = given_now(now)
   end
   local hit = ARGV[1] == 'hit' or ARGV[1] == 'soft'
 

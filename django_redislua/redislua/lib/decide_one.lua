@@ -6,7 +6,7 @@ local function decide_one(KEYS, ARGV)
     local t = redis.call('TIME')
     now = t[1] * 1000000 + t[2]
   else
-    now = tonumber(now)
+    now = given_now(now)
   end
   local algorithm = ALGORITHMS[ARGV[3]]
   if not algorithm then

@@ -1,0 +1,239 @@
+"""Metrics of decisions, Redis failures and locks, for ``prometheus_client`` and OpenTelemetry.
+
+``REDISLUA["METRICS"]`` is ``"auto"`` (each of the two that is installed), or a list naming
+``"prometheus"`` and/or ``"opentelemetry"``; ``[]`` turns metrics off. With neither installed
+(or ``[]``) every recording call finds an empty tuple of sinks and returns: no cost beyond that.
+
+Labels come from the configuration only: a policy's name and algorithm, a result from a fixed
+list, an operation (a script's name). Never an identity or a lock name, so the number of series
+is bounded by the settings, not by traffic.
+
+Prometheus instruments live in ``prometheus_client``'s default registry (django-prometheus's
+``/metrics`` and ``generate_latest()`` show them); OpenTelemetry instruments come from the meter
+``django_redislua`` of the global meter provider. Both are created once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from django_redislua.conf import on_change, settings
+
+PROMETHEUS = "prometheus"
+OPENTELEMETRY = "opentelemetry"
+BACKENDS = (PROMETHEUS, OPENTELEMETRY)
+_MODULES = {PROMETHEUS: "prometheus_client", OPENTELEMETRY: "opentelemetry.metrics"}
+
+ALLOWED, DENIED, SHADOW_DENIED = "allowed", "denied", "shadow_denied"
+FAILED_OPEN, UNAVAILABLE = "failed_open", "unavailable"
+DECISION_RESULTS = (ALLOWED, DENIED, SHADOW_DENIED, FAILED_OPEN, UNAVAILABLE)
+ACQUIRED, TIMEOUT = "acquired", "timeout"
+LOCK_RESULTS = (ACQUIRED, TIMEOUT, UNAVAILABLE)
+
+# Seconds. A decision is one round trip (tens of microseconds to a few milliseconds; the
+# socket timeout bounds a failing one); a lock wait lasts up to its blocking_timeout.
+DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                    0.25, 0.5, 1.0)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# (Prometheus name, OpenTelemetry name, description)
+DECISIONS = ("redislua_decisions_total", "redislua.decisions",
+             "Rate-limit decisions, by policy, algorithm and result")
+DECISION_SECONDS = ("redislua_decision_seconds", "redislua.decision.duration",
+                    "Seconds to decide, as the caller sees it (one Redis round trip, or none)")
+REDIS_ERRORS = ("redislua_redis_errors_total", "redislua.redis.errors",
+                "Script calls that failed in the Redis client, by script")
+LOCK_ACQUIRED = ("redislua_lock_acquired_total", "redislua.lock.acquired",
+                 "Lock acquisitions, by result")
+LOCK_WAIT = ("redislua_lock_wait_seconds", "redislua.lock.wait.duration",
+             "Seconds an acquire took (acquired or timed out)")
+LOCK_LOST = ("redislua_lock_lost_total", "redislua.lock.lost",
+             "Leases lost while held (ran out unrenewed, or taken)")
+
+
+class Sink(Protocol):
+    def decision(self, policy: str, algorithm: str, result: str) -> None: ...
+    def decision_seconds(self, policy: str, seconds: float) -> None: ...
+    def redis_error(self, operation: str) -> None: ...
+    def lock_acquired(self, result: str) -> None: ...
+    def lock_wait(self, seconds: float) -> None: ...
+    def lock_lost(self) -> None: ...
+
+
+def valid_setting(value: Any) -> bool:
+    """``METRICS``: ``"auto"``, or a list (or tuple) of backend names, each at most once."""
+    if value == "auto":
+        return True
+    return (isinstance(value, (list, tuple)) and all(v in BACKENDS for v in value)
+            and len(set(value)) == len(value))
+
+
+def installed(backend: str) -> bool:
+    try:
+        return importlib.util.find_spec(_MODULES[backend]) is not None
+    except ModuleNotFoundError:  # a parent package missing (``opentelemetry``)
+        return False
+
+
+def wanted(value: Any) -> list[str]:
+    """The backends ``value`` asks for and this environment has (checks report the rest)."""
+    names = BACKENDS if value == "auto" or not valid_setting(value) else value
+    return [name for name in names if installed(name)]
+
+
+class _Prometheus:
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Histogram
+
+        self._decisions = _registered(Counter, DECISIONS, ["policy", "algorithm", "result"])
+        self._seconds = _registered(Histogram, DECISION_SECONDS, ["policy"],
+                                    buckets=DECISION_BUCKETS)
+        self._errors = _registered(Counter, REDIS_ERRORS, ["operation"])
+        self._acquired = _registered(Counter, LOCK_ACQUIRED, ["result"])
+        self._wait = _registered(Histogram, LOCK_WAIT, [], buckets=WAIT_BUCKETS)
+        self._lost = _registered(Counter, LOCK_LOST, [])
+        # Labelled children by label values: labels() parses its arguments on every call.
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        key = (metric._name, *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children.setdefault(key, metric.labels(*values))
+        return child
+
+    def decision(self, policy: str, algorithm: str, result: str) -> None:
+        self._child(self._decisions, policy, algorithm, result).inc()
+
+    def decision_seconds(self, policy: str, seconds: float) -> None:
+        self._child(self._seconds, policy).observe(seconds)
+
+    def redis_error(self, operation: str) -> None:
+        self._child(self._errors, operation).inc()
+
+    def lock_acquired(self, result: str) -> None:
+        self._child(self._acquired, result).inc()
+
+    def lock_wait(self, seconds: float) -> None:
+        self._wait.observe(seconds)
+
+    def lock_lost(self) -> None:
+        self._lost.inc()
+
+
+def _registered(kind: Any, names: tuple[str, str, str], labels: Sequence[str],
+                **options: Any) -> Any:
+    """The instrument in the default registry, created on first use. An instrument of that
+    name already there (this module imported twice, e.g. by an autoreloader) is reused."""
+    from prometheus_client import REGISTRY
+
+    name, _, description = names
+    try:
+        return kind(name, description, labels, **options)
+    except ValueError:  # "Duplicated timeseries in CollectorRegistry"
+        base = name.removesuffix("_total")
+        collectors = REGISTRY._names_to_collectors  # no public lookup by name
+        return collectors.get(base) or collectors[name]
+
+
+class _OpenTelemetry:
+    def __init__(self) -> None:
+        from opentelemetry import metrics
+
+        meter = metrics.get_meter("django_redislua")
+        self._decisions = meter.create_counter(
+            DECISIONS[1], unit="{decision}", description=DECISIONS[2])
+        self._seconds = _histogram(meter, DECISION_SECONDS, DECISION_BUCKETS)
+        self._errors = meter.create_counter(
+            REDIS_ERRORS[1], unit="{error}", description=REDIS_ERRORS[2])
+        self._acquired = meter.create_counter(
+            LOCK_ACQUIRED[1], unit="{acquisition}", description=LOCK_ACQUIRED[2])
+        self._wait = _histogram(meter, LOCK_WAIT, WAIT_BUCKETS)
+        self._lost = meter.create_counter(LOCK_LOST[1], unit="{lease}", description=LOCK_LOST[2])
+        self._attributes: dict[tuple[str, ...], dict[str, str]] = {}
+
+    def _attrs(self, *pairs: str) -> dict[str, str]:
+        attributes = self._attributes.get(pairs)
+        if attributes is None:
+            attributes = self._attributes.setdefault(
+                pairs, dict(zip(pairs[::2], pairs[1::2], strict=True)))
+        return attributes
+
+    def decision(self, policy: str, algorithm: str, result: str) -> None:
+        self._decisions.add(
+            1, self._attrs("policy", policy, "algorithm", algorithm, "result", result))
+
+    def decision_seconds(self, policy: str, seconds: float) -> None:
+        self._seconds.record(seconds, self._attrs("policy", policy))
+
+    def redis_error(self, operation: str) -> None:
+        self._errors.add(1, self._attrs("operation", operation))
+
+    def lock_acquired(self, result: str) -> None:
+        self._acquired.add(1, self._attrs("result", result))
+
+    def lock_wait(self, seconds: float) -> None:
+        self._wait.record(seconds)
+
+    def lock_lost(self) -> None:
+        self._lost.add(1)
+
+
+def _histogram(meter: Any, names: tuple[str, str, str], buckets: Sequence[float]) -> Any:
+    try:  # bucket advice needs opentelemetry-api 1.23+
+        return meter.create_histogram(names[1], unit="s", description=names[2],
+                                      explicit_bucket_boundaries_advisory=list(buckets))
+    except TypeError:
+        return meter.create_histogram(names[1], unit="s", description=names[2])
+
+
+@functools.cache
+def _sink(backend: str) -> Sink:
+    """One sink per backend and process: instruments are registered once."""
+    return _Prometheus() if backend == PROMETHEUS else _OpenTelemetry()
+
+
+_sinks: tuple[Sink, ...] | None = None
+
+
+@on_change
+def _forget() -> None:
+    global _sinks
+    _sinks = None
+
+
+def sinks() -> tuple[Sink, ...]:
+    """The sinks ``REDISLUA["METRICS"]`` selects (empty: record nothing)."""
+    global _sinks
+    found = _sinks
+    if found is None:
+        found = _sinks = tuple(_sink(name) for name in wanted(settings.METRICS))
+    return found
+
+
+# The recording functions below, for the layers that record one event at a time; the engine
+# iterates sinks() itself on the hot path.
+def decision(policy: str, algorithm: str, result: str) -> None:
+    for sink in sinks():
+        sink.decision(policy, algorithm, result)
+
+
+def redis_error(operation: str) -> None:
+    for sink in sinks():
+        sink.redis_error(operation)
+
+
+def lock_acquired(result: str, seconds: float | None) -> None:
+    """One acquire's outcome; ``seconds`` it took (None when Redis failed: no wait to show)."""
+    for sink in sinks():
+        sink.lock_acquired(result)
+        if seconds is not None:
+            sink.lock_wait(seconds)
+
+
+def lock_lost() -> None:
+    for sink in sinks():
+        sink.lock_lost()
