@@ -143,7 +143,9 @@ def setup_django(url: str, functions: bool) -> None:
     settings.configure(
         INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_redislua"],
         CACHES={"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": url}},
-        REDISLUA={"CONNECTION": url, "SOCKET_TIMEOUT": 5, "USE_FUNCTIONS": functions},
+        REDISLUA={"CONNECTION": url, "SOCKET_TIMEOUT": 5, "USE_FUNCTIONS": functions,
+                  # The peers record no metrics: like with like (docs/observability.md).
+                  "METRICS": []},
         RATELIMIT_USE_CACHE="default",
         SECRET_KEY="bench",
         USE_TZ=True,

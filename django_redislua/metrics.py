@@ -55,6 +55,7 @@ LOCK_LOST = ("redislua_lock_lost_total", "redislua.lock.lost",
 
 
 class Sink(Protocol):
+    def decided(self, policy: str, algorithm: str, result: str, seconds: float) -> None: ...
     def decision(self, policy: str, algorithm: str, result: str) -> None: ...
     def decision_seconds(self, policy: str, seconds: float) -> None: ...
     def redis_error(self, operation: str) -> None: ...
@@ -97,6 +98,7 @@ class _Prometheus:
         self._lost = _registered(Counter, LOCK_LOST, [])
         # Labelled children by label values: labels() parses its arguments on every call.
         self._children: dict[tuple[str, ...], Any] = {}
+        self._decided: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     def _child(self, metric: Any, *values: str) -> Any:
         key = (metric._name, *values)
@@ -104,6 +106,17 @@ class _Prometheus:
         if child is None:
             child = self._children.setdefault(key, metric.labels(*values))
         return child
+
+    def decided(self, policy: str, algorithm: str, result: str, seconds: float) -> None:
+        """One decision and its time: the hot path, one dict lookup for both children."""
+        key = (policy, algorithm, result)
+        pair = self._decided.get(key)
+        if pair is None:
+            pair = self._decided.setdefault(key, (
+                self._child(self._decisions, policy, algorithm, result),
+                self._child(self._seconds, policy)))
+        pair[0].inc()
+        pair[1].observe(seconds)
 
     def decision(self, policy: str, algorithm: str, result: str) -> None:
         self._child(self._decisions, policy, algorithm, result).inc()
@@ -161,6 +174,10 @@ class _OpenTelemetry:
             attributes = self._attributes.setdefault(
                 pairs, dict(zip(pairs[::2], pairs[1::2], strict=True)))
         return attributes
+
+    def decided(self, policy: str, algorithm: str, result: str, seconds: float) -> None:
+        self.decision(policy, algorithm, result)
+        self.decision_seconds(policy, seconds)
 
     def decision(self, policy: str, algorithm: str, result: str) -> None:
         self._decisions.add(

@@ -228,14 +228,20 @@ def _result(decision: Decision) -> str:
 
 def _metered(decisions: Sequence[Decision], seconds: float,
              sinks: tuple[metrics.Sink, ...]) -> None:
-    """Count ``decisions`` by result, and the time they took, per policy."""
+    """Count ``decisions`` by result, and the time they took, once per policy."""
+    if len(decisions) == 1:
+        policy = decisions[0].policy
+        for sink in sinks:
+            sink.decided(policy.name, policy.algorithm, _result(decisions[0]), seconds)
+        return
     timed: set[str] = set()
     for decision in decisions:
         policy = decision.policy
         for sink in sinks:
-            sink.decision(policy.name, policy.algorithm, _result(decision))
-            if policy.name not in timed:
-                sink.decision_seconds(policy.name, seconds)
+            if policy.name in timed:
+                sink.decision(policy.name, policy.algorithm, _result(decision))
+            else:
+                sink.decided(policy.name, policy.algorithm, _result(decision), seconds)
         timed.add(policy.name)
 
 
@@ -292,7 +298,16 @@ def decide(
     sinks = () if peek else metrics.sinks()
     if not sinks:
         return _decide(policy, identity, cost, peek, now_us, client)
-    return evaluate([(policy, identity, cost)], now_us=now_us, client=client)[0]
+    started = time.perf_counter()
+    try:
+        decision = _decide(policy, identity, cost, peek, now_us, client)
+    except BaseException:
+        _timed_failure([(policy, identity, cost)], time.perf_counter() - started, sinks)
+        raise
+    seconds = time.perf_counter() - started
+    for sink in sinks:
+        sink.decided(policy.name, policy.algorithm, _result(decision), seconds)
+    return decision
 
 
 def _decide(policy: Policy, identity: str | bytes | int, cost: int, peek: bool,
@@ -346,7 +361,16 @@ async def adecide(
     sinks = () if peek else metrics.sinks()
     if not sinks:
         return await _adecide(policy, identity, cost, peek, now_us, client)
-    return (await aevaluate([(policy, identity, cost)], now_us=now_us, client=client))[0]
+    started = time.perf_counter()
+    try:
+        decision = await _adecide(policy, identity, cost, peek, now_us, client)
+    except BaseException:
+        _timed_failure([(policy, identity, cost)], time.perf_counter() - started, sinks)
+        raise
+    seconds = time.perf_counter() - started
+    for sink in sinks:
+        sink.decided(policy.name, policy.algorithm, _result(decision), seconds)
+    return decision
 
 
 async def _adecide(policy: Policy, identity: str | bytes | int, cost: int, peek: bool,
