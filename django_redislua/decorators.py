@@ -190,13 +190,14 @@ def guard(
     if outcome.unavailable:
         return unavailable_response()
     if outcome.blocked:
+        release_all(outcome.held)
         return denied_response(request, RateLimited(outcome.decisions))
     try:
         response = call()
     except BaseException:
-        release_all(outcome.decisions)
+        release_all(outcome.held)
         raise
-    return finish(response, outcome.decisions)
+    return finish(response, outcome)
 
 
 async def aguard(
@@ -209,13 +210,14 @@ async def aguard(
     if outcome.unavailable:
         return unavailable_response()
     if outcome.blocked:
+        await arelease_all(outcome.held)
         return await adenied_response(request, RateLimited(outcome.decisions))
     try:
         response = await call()
     except BaseException:
-        await arelease_all(outcome.decisions)
+        await arelease_all(outcome.held)
         raise
-    return await afinish(response, outcome.decisions)
+    return await afinish(response, outcome)
 
 
 def _decorate_function(fn: Callable[..., Any], spec: Spec) -> Callable[..., Any]:

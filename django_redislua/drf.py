@@ -58,6 +58,7 @@ from django_redislua.request_layer import (
     checks_for,
     count_failure,
     enforced,
+    fails_open,
     mark_logged,
     record_shadow,
     release_all,
@@ -118,9 +119,10 @@ def _decide(
     try:
         decisions = evaluate(checks, now_us=now_us, soft=soft)
     except CLIENT_ERRORS as exc:
-        report_outage(exc)  # one warning a minute, not one per request
-        count_failure(checks, settings.FAIL_OPEN)
-        if settings.FAIL_OPEN:
+        admit = fails_open(checks)
+        report_outage(exc, fail_open=admit)  # one warning a minute, not one per request
+        count_failure(checks, admit)
+        if admit:
             return None
         raise _unavailable(view) from exc
     record_shadow(request, decisions)

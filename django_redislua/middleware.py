@@ -23,9 +23,11 @@ from django_redislua.request_layer import (
     adecide,
     adenied_response,
     afinish,
+    arelease_all,
     decide,
     denied_response,
     finish,
+    release_all,
     rule_for_name,
     unavailable_response,
 )
@@ -83,8 +85,14 @@ class RateLimitMiddleware:
         if outcome.unavailable:
             return unavailable_response()
         if outcome.blocked:
+            release_all(outcome.held)
             return denied_response(request, RateLimited(outcome.decisions))
-        return finish(self.get_response(request), outcome.decisions)
+        try:
+            response = self.get_response(request)
+        except BaseException:  # Django turns view errors into responses; this is the rest
+            release_all(outcome.held)
+            raise
+        return finish(response, outcome)
 
     async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
         get_response: Callable[[HttpRequest], Awaitable[HttpResponseBase]] = self.get_response
@@ -95,8 +103,14 @@ class RateLimitMiddleware:
         if outcome.unavailable:
             return unavailable_response()
         if outcome.blocked:
+            await arelease_all(outcome.held)
             return await adenied_response(request, RateLimited(outcome.decisions))
-        return await afinish(await get_response(request), outcome.decisions)
+        try:
+            response = await get_response(request)
+        except BaseException:
+            await arelease_all(outcome.held)
+            raise
+        return await afinish(response, outcome)
 
     def process_exception(
         self, request: HttpRequest, exception: Exception

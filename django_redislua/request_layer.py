@@ -203,6 +203,9 @@ class Outcome:
     rules: tuple[Rule, ...]
     decisions: tuple[Decision, ...]
     unavailable: bool = False  # Redis failed (or a rule is broken) and FAIL_OPEN is False: 503
+    # Every Decision holding a concurrency slot, shadow and block=False ones too: released when
+    # the response is done, or at once when the request is refused.
+    held: tuple[Decision, ...] = ()
 
     @property
     def blocked(self) -> bool:
@@ -224,12 +227,13 @@ def checks_for(
             try:
                 check = rule.check(request)
             except PolicyError as exc:
-                rule = exc
+                report_broken(exc)
+                broken = broken or not rule.policy.shadow  # a shadow rule never answers 503
             else:
                 if check is not None:
                     applied.append(rule)
                     checks.append(check)
-                continue
+            continue
         report_broken(rule)
         broken = True
     return applied, checks, broken
@@ -281,7 +285,8 @@ def _record(request: HttpRequest, rules: list[Rule], decisions: Sequence[Decisio
     request.ratelimit = [*(previous or []), *shown]  # type: ignore[attr-defined]
     limited = any(not d.allowed for d in shown)
     request.limited = getattr(request, "limited", False) or limited  # type: ignore[attr-defined]
-    return Outcome(tuple(r for r, _d in pairs), tuple(shown))
+    held = tuple(d for d in decisions if d.lease is not None)
+    return Outcome(tuple(r for r, _d in pairs), tuple(shown), held=held)
 
 
 def _begin(
@@ -304,11 +309,18 @@ def count_failure(checks: Iterable[Check], fail_open: bool) -> None:
         metrics.decision(policy.name, policy.algorithm, result)
 
 
+def fails_open(checks: Iterable[Check]) -> bool:
+    """Whether a request whose ``checks`` could not be decided is admitted: FAIL_OPEN, or
+    only shadow policies among them (they must never refuse a request, not even with 503)."""
+    return settings.FAIL_OPEN or all(policy.shadow for policy, _identity, _cost in checks)
+
+
 def _failed(request: HttpRequest, checks: list[Check], exc: BaseException) -> Outcome:
     """Redis failed: FAIL_OPEN admits (nothing decided, nothing recorded), else 503."""
-    report_outage(exc)
-    count_failure(checks, settings.FAIL_OPEN)
-    if not settings.FAIL_OPEN:
+    admit = fails_open(checks)
+    report_outage(exc, fail_open=admit)
+    count_failure(checks, admit)
+    if not admit:
         return UNAVAILABLE
     return _record(request, [], [])
 
@@ -440,26 +452,26 @@ def _on_close(response: HttpResponseBase, callback: Callable[[], None]) -> None:
     closers.append(callback)
 
 
-def finish(response: HttpResponseBase, decisions: Sequence[Decision]) -> HttpResponseBase:
+def finish(response: HttpResponseBase, outcome: Outcome) -> HttpResponseBase:
     """Headers on an allowed response; concurrency slots released when the response is done.
 
     A streaming response is not done when the view returns: its slots are released by
     ``response.close()``, which the WSGI/ASGI handler calls after the last chunk is sent.
     """
-    add_headers(response, decisions, denied=response.status_code == 429)
-    if any(d.lease is not None for d in decisions):
+    add_headers(response, outcome.decisions, denied=response.status_code == 429)
+    if outcome.held:
         if response.streaming:
-            _on_close(response, functools.partial(release_all, decisions))
+            _on_close(response, functools.partial(release_all, outcome.held))
         else:
-            release_all(decisions)
+            release_all(outcome.held)
     return response
 
 
-async def afinish(response: HttpResponseBase, decisions: Sequence[Decision]) -> HttpResponseBase:
-    add_headers(response, decisions, denied=response.status_code == 429)
-    if any(d.lease is not None for d in decisions):
+async def afinish(response: HttpResponseBase, outcome: Outcome) -> HttpResponseBase:
+    add_headers(response, outcome.decisions, denied=response.status_code == 429)
+    if outcome.held:
         if response.streaming:
-            _on_close(response, functools.partial(release_all, decisions))
+            _on_close(response, functools.partial(release_all, outcome.held))
         else:
-            await arelease_all(decisions)
+            await arelease_all(outcome.held)
     return response
