@@ -50,13 +50,14 @@ from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.headers import rate_limit_headers
 from django_redislua.keys import UNKNOWN_ADDRESS, masked
 from django_redislua.limiting import Decision, Policy, PolicyError, evaluate, parse_rate
-from django_redislua.limiting.engine import Check
+from django_redislua.limiting.engine import Check, PartlyDecided
 from django_redislua.limiting.rates import RateError
 from django_redislua.request_layer import (
     UNAVAILABLE_RETRY_AFTER,
     Rule,
     checks_for,
     count_failure,
+    count_known,
     enforced,
     fails_open,
     mark_logged,
@@ -110,14 +111,21 @@ def _unavailable(view: APIView | None) -> RateLimiterUnavailable:
 def _decide(
     throttle: BaseThrottle, request: Request, view: APIView | None, checks: Sequence[Check],
     now_us: int | None = None, soft: frozenset[int] = frozenset(),
-) -> list[Decision] | None:
+) -> list[Decision | None] | None:
     """Decide ``checks`` in one script call and record them (shadow policies' Decisions on
-    ``request.ratelimit_shadow``, without headers).
+    ``request.ratelimit_shadow``, without headers). One Decision per check; None for a check
+    left undecided because Redis failed after another was already denied without it.
 
     The limiter failing: None (admit) with ``FAIL_OPEN``, else RateLimiterUnavailable (503).
     """
+    decisions: list[Decision | None]
     try:
-        decisions = evaluate(checks, now_us=now_us, soft=soft)
+        decisions = list(evaluate(checks, now_us=now_us, soft=soft))
+    except PartlyDecided as exc:  # Redis failed, but the request is refused anyway
+        report_outage(exc)
+        count_known(exc.known)
+        count_failure([c for c, d in zip(checks, exc.known, strict=True) if d is None], False)
+        decisions = exc.known
     except CLIENT_ERRORS as exc:
         admit = fails_open(checks)
         report_outage(exc, fail_open=admit)  # one warning a minute, not one per request
@@ -125,13 +133,14 @@ def _decide(
         if admit:
             return None
         raise _unavailable(view) from exc
-    record_shadow(request, decisions)
-    recorded = [*getattr(request, "ratelimit", ()), *enforced(decisions)]
+    known = [d for d in decisions if d is not None]
+    record_shadow(request, known)
+    recorded = [*getattr(request, "ratelimit", ()), *enforced(known)]
     request.ratelimit = recorded  # type: ignore[attr-defined]
     if view is not None and isinstance(getattr(view, "headers", None), dict):
         # DRF sets Retry-After itself from the largest wait() of every throttle on the view.
         view.headers.update(rate_limit_headers(recorded, retry_after=False))
-    for decision in decisions:
+    for decision in known:
         if not decision.allowed:
             rate_limited.send(type(throttle), request=request, decision=decision)
     return decisions
@@ -266,8 +275,8 @@ class SimpleRateThrottle(BaseThrottle):
         decisions = _decide(self, request, view, [(self.get_policy(), self.key, 1)], now_us)
         if decisions is None:
             return True  # FAIL_OPEN
-        self.decision = decisions[0]
-        return self.decision.allowed
+        self.decision = decisions[0]  # one check: always decided (see PartlyDecided)
+        return self.decision is None or self.decision.allowed
 
     def wait(self) -> float | None:
         """Seconds until a request would be admitted: after a denial, what DRF computes.
@@ -368,14 +377,14 @@ class PolicyThrottle(BaseThrottle):
         decisions = _decide(self, request, view, checks, soft=soft_indexes(rules))
         if decisions is None:
             return True  # FAIL_OPEN
-        self.decisions = decisions
-        held = [d for d in decisions if d.lease is not None]
+        self.decisions = [d for d in decisions if d is not None]
+        held = [d for d in self.decisions if d.lease is not None]
         if held:
             _release_when_done(view, held)
         # A policy with "block": False only marks the request (request.limited); it never denies,
         # and neither does one in shadow mode.
         self.blocking = [d for d, rule in zip(decisions, rules, strict=True)
-                         if rule.block and not d.policy.shadow]
+                         if d is not None and rule.block and not d.policy.shadow]
         return all(d.allowed for d in self.blocking)
 
     def wait(self) -> float | None:

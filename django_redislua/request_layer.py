@@ -39,7 +39,7 @@ from django_redislua.limiting import (
     evaluate,
     get_policy,
 )
-from django_redislua.limiting.engine import Check
+from django_redislua.limiting.engine import Check, PartlyDecided, metric_result
 from django_redislua.limiting.policy import check_cost
 from django_redislua.signals import rate_limited
 
@@ -305,8 +305,12 @@ def _begin(
 def count_failure(checks: Iterable[Check], fail_open: bool) -> None:
     """Redis failed for ``checks``: count each as failed_open (admitted) or unavailable."""
     result = metrics.FAILED_OPEN if fail_open else metrics.UNAVAILABLE
-    for policy, _identity, _cost in checks:
-        metrics.decision(policy.name, policy.algorithm, result)
+    seen: set[str] = set()
+    for policy, identity, _cost in checks:
+        key = policy.redis_key(identity)  # two rules on one policy and identity: one check
+        if key not in seen:
+            seen.add(key)
+            metrics.decision(policy.name, policy.algorithm, result)
 
 
 def fails_open(checks: Iterable[Check]) -> bool:
@@ -315,8 +319,32 @@ def fails_open(checks: Iterable[Check]) -> bool:
     return settings.FAIL_OPEN or all(policy.shadow for policy, _identity, _cost in checks)
 
 
-def _failed(request: HttpRequest, checks: list[Check], exc: BaseException) -> Outcome:
+def count_known(known: Iterable[Decision | None]) -> None:
+    """Count the Decisions made without Redis before a call failed (merged ones once)."""
+    seen: set[int] = set()
+    for decision in known:
+        if decision is not None and id(decision) not in seen:
+            seen.add(id(decision))
+            policy = decision.policy
+            metrics.decision(policy.name, policy.algorithm, metric_result(decision))
+
+
+def _refused(request: HttpRequest, rules: list[Rule], checks: list[Check],
+             exc: PartlyDecided) -> Outcome:
+    """Redis failed, but a gating rule was already denied without it: refused all the same,
+    with the Decisions known (the others are counted unavailable: nothing admitted them)."""
+    report_outage(exc)
+    count_known(exc.known)
+    count_failure([c for c, d in zip(checks, exc.known, strict=True) if d is None], False)
+    pairs = [(rule, d) for rule, d in zip(rules, exc.known, strict=True) if d is not None]
+    return _record(request, [rule for rule, _d in pairs], [d for _rule, d in pairs])
+
+
+def _failed(request: HttpRequest, rules: list[Rule], checks: list[Check],
+            exc: BaseException) -> Outcome:
     """Redis failed: FAIL_OPEN admits (nothing decided, nothing recorded), else 503."""
+    if isinstance(exc, PartlyDecided):
+        return _refused(request, rules, checks, exc)
     admit = fails_open(checks)
     report_outage(exc, fail_open=admit)
     count_failure(checks, admit)
@@ -336,7 +364,7 @@ def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any) -> O
     try:
         decisions = evaluate(checks, soft=soft_indexes(applied)) if checks else []
     except CLIENT_ERRORS as exc:
-        return _failed(request, checks, exc)
+        return _failed(request, applied, checks, exc)
     outcome = _record(request, applied, decisions)
     for decision in decisions:
         if not decision.allowed:
@@ -353,7 +381,7 @@ async def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: An
     try:
         decisions = await aevaluate(checks, soft=soft_indexes(applied)) if checks else []
     except CLIENT_ERRORS as exc:
-        return _failed(request, checks, exc)
+        return _failed(request, applied, checks, exc)
     outcome = _record(request, applied, decisions)
     for decision in decisions:
         if not decision.allowed:

@@ -183,40 +183,48 @@ class Script:
         counts the writes of its own connection), pipelined: one round trip. Returns the
         script's reply and how many replicas acknowledged its writes. A script the server
         lacks is loaded and the pair sent again, once."""
-        client = get_client()
-        if isinstance(client, RedisCluster):  # the node that owns the keys' slot
-            client = client.get_redis_connection(client.get_node_from_key(keys[0]))
-        pipe = client.pipeline(transaction=False)
-        self._queue(pipe, keys, args, replicas, timeout_ms)
-        reply, acked = pipe.execute(raise_on_error=False)
-        if self._missing(reply):
-            if settings.USE_FUNCTIONS:
-                client.function_load(registry.library()[1], replace=True)
-            else:
-                client.script_load(self.source)
+        try:
+            client = get_client()
+            if isinstance(client, RedisCluster):  # the node that owns the keys' slot
+                client = client.get_redis_connection(client.get_node_from_key(keys[0]))
+            pipe = client.pipeline(transaction=False)
             self._queue(pipe, keys, args, replicas, timeout_ms)
             reply, acked = pipe.execute(raise_on_error=False)
-        return self._replicated(reply, acked)
+            if self._missing(reply):
+                if settings.USE_FUNCTIONS:
+                    client.function_load(registry.library()[1], replace=True)
+                else:
+                    client.script_load(self.source)
+                self._queue(pipe, keys, args, replicas, timeout_ms)
+                reply, acked = pipe.execute(raise_on_error=False)
+            return self._replicated(reply, acked)
+        except CLIENT_ERRORS:
+            metrics.redis_error(self.name)
+            raise
 
     async def acall_replicated(self, keys: Sequence[KeyArg], args: Sequence[Arg], replicas: int,
                                timeout_ms: int) -> tuple[Any, int]:
         """The asyncio twin of :meth:`call_replicated` (not on a cluster: redis-py's asyncio
         cluster client has no per-node pipeline)."""
-        client = get_async_client()
-        if isinstance(client, redis.asyncio.cluster.RedisCluster):
-            raise redis.exceptions.RedisClusterException(
-                "waiting for replicas is not available with the asyncio cluster client")
-        pipe = client.pipeline(transaction=False)
-        self._queue(pipe, keys, args, replicas, timeout_ms)
-        reply, acked = await pipe.execute(raise_on_error=False)
-        if self._missing(reply):
-            if settings.USE_FUNCTIONS:
-                await client.function_load(registry.library()[1], replace=True)
-            else:
-                await client.script_load(self.source)
+        try:
+            client = get_async_client()
+            if isinstance(client, redis.asyncio.cluster.RedisCluster):
+                raise redis.exceptions.RedisClusterException(
+                    "waiting for replicas is not available with the asyncio cluster client")
+            pipe = client.pipeline(transaction=False)
             self._queue(pipe, keys, args, replicas, timeout_ms)
             reply, acked = await pipe.execute(raise_on_error=False)
-        return self._replicated(reply, acked)
+            if self._missing(reply):
+                if settings.USE_FUNCTIONS:
+                    await client.function_load(registry.library()[1], replace=True)
+                else:
+                    await client.script_load(self.source)
+                self._queue(pipe, keys, args, replicas, timeout_ms)
+                reply, acked = await pipe.execute(raise_on_error=False)
+            return self._replicated(reply, acked)
+        except CLIENT_ERRORS:
+            metrics.redis_error(self.name)
+            raise
 
 
 class Registry:

@@ -14,12 +14,14 @@ import time
 from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from typing import Any, cast
 
+import redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from django_redislua import metrics
 from django_redislua.connection import (
+    CLIENT_ERRORS,
     AsyncClient,
     SyncClient,
     get_async_client,
@@ -214,13 +216,32 @@ class _Plan:
         return [cast(Decision, out[j]) for j in self.index]
 
 
+class PartlyDecided(redis.RedisError):
+    """Redis failed, but the request is refused anyway: a gating check was already denied
+    without a round trip (a local denial, a doomed check). ``known`` holds, per check, its
+    Decision or None; a client error (``connection.CLIENT_ERRORS``) like any other, so a
+    caller unaware of it still fails safely."""
+
+    def __init__(self, known: list[Decision | None], cause: BaseException) -> None:
+        super().__init__(f"{cause} (a gating check was already denied)")
+        self.known = known
+
+
+def _decided_or_partly(plan: _Plan, exc: BaseException) -> BaseException:
+    """What a failed call raises: PartlyDecided when the plan already refuses the request."""
+    if plan.gate_closed:
+        return PartlyDecided([plan.known[j] for j in plan.index], exc)
+    return exc
+
+
 def _on_cluster(checks: Sequence[Check], client: object) -> bool:
     """Whether checks may need one call per slot. One check never does, and the isinstance
     test is not free (redis-py's asyncio cluster class is a typing Protocol)."""
     return len(checks) > 1 and isinstance(client, CLUSTER_CLIENTS)
 
 
-def _result(decision: Decision) -> str:
+def metric_result(decision: Decision) -> str:
+    """The ``result`` label of a decided Decision (see :mod:`django_redislua.metrics`)."""
     if decision.allowed:
         return metrics.ALLOWED
     return metrics.SHADOW_DENIED if decision.policy.shadow else metrics.DENIED
@@ -232,16 +253,20 @@ def _metered(decisions: Sequence[Decision], seconds: float,
     if len(decisions) == 1:
         policy = decisions[0].policy
         for sink in sinks:
-            sink.decided(policy.name, policy.algorithm, _result(decisions[0]), seconds)
+            sink.decided(policy.name, policy.algorithm, metric_result(decisions[0]), seconds)
         return
     timed: set[str] = set()
+    counted: set[int] = set()
     for decision in decisions:
+        if id(decision) in counted:  # two rules on one policy and identity: one check, merged
+            continue
+        counted.add(id(decision))
         policy = decision.policy
         for sink in sinks:
             if policy.name in timed:
-                sink.decision(policy.name, policy.algorithm, _result(decision))
+                sink.decision(policy.name, policy.algorithm, metric_result(decision))
             else:
-                sink.decided(policy.name, policy.algorithm, _result(decision), seconds)
+                sink.decided(policy.name, policy.algorithm, metric_result(decision), seconds)
         timed.add(policy.name)
 
 
@@ -272,7 +297,7 @@ def evaluate(
     started = time.perf_counter()
     try:
         decisions = _evaluate(checks, peek, now_us, client, soft)
-    except BaseException:
+    except CLIENT_ERRORS:  # Redis failing; a caller's mistake (a bad cost) decided nothing
         _timed_failure(checks, time.perf_counter() - started, sinks)
         raise
     _metered(decisions, time.perf_counter() - started, sinks)
@@ -287,7 +312,14 @@ def _evaluate(checks: Sequence[Check], peek: bool, now_us: int | None,
         client = get_client()
     plan = _Plan(checks, peek, now_us, soft, _on_cluster(checks, client))
     script = get_script(SCRIPT)
-    return plan.decisions([script(keys, args, client=client) for keys, args in plan.calls])
+    try:
+        replies = [script(keys, args, client=client) for keys, args in plan.calls]
+    except CLIENT_ERRORS as exc:
+        failure = _decided_or_partly(plan, exc)
+        if failure is exc:
+            raise
+        raise failure from exc
+    return plan.decisions(replies)
 
 
 def decide(
@@ -301,12 +333,12 @@ def decide(
     started = time.perf_counter()
     try:
         decision = _decide(policy, identity, cost, peek, now_us, client)
-    except BaseException:
+    except CLIENT_ERRORS:
         _timed_failure([(policy, identity, cost)], time.perf_counter() - started, sinks)
         raise
     seconds = time.perf_counter() - started
     for sink in sinks:
-        sink.decided(policy.name, policy.algorithm, _result(decision), seconds)
+        sink.decided(policy.name, policy.algorithm, metric_result(decision), seconds)
     return decision
 
 
@@ -331,7 +363,7 @@ async def aevaluate(
     started = time.perf_counter()
     try:
         decisions = await _aevaluate(checks, peek, now_us, client, soft)
-    except BaseException:
+    except CLIENT_ERRORS:  # Redis failing; a caller's mistake (a bad cost) decided nothing
         _timed_failure(checks, time.perf_counter() - started, sinks)
         raise
     _metered(decisions, time.perf_counter() - started, sinks)
@@ -346,9 +378,14 @@ async def _aevaluate(checks: Sequence[Check], peek: bool, now_us: int | None,
         client = get_async_client()
     plan = _Plan(checks, peek, now_us, soft, _on_cluster(checks, client))
     script = get_script(SCRIPT)
-    return plan.decisions(
-        [await script.acall(keys, args, client=client) for keys, args in plan.calls]
-    )
+    try:
+        replies = [await script.acall(keys, args, client=client) for keys, args in plan.calls]
+    except CLIENT_ERRORS as exc:
+        failure = _decided_or_partly(plan, exc)
+        if failure is exc:
+            raise
+        raise failure from exc
+    return plan.decisions(replies)
 
 
 async def adecide(
@@ -364,12 +401,12 @@ async def adecide(
     started = time.perf_counter()
     try:
         decision = await _adecide(policy, identity, cost, peek, now_us, client)
-    except BaseException:
+    except CLIENT_ERRORS:
         _timed_failure([(policy, identity, cost)], time.perf_counter() - started, sinks)
         raise
     seconds = time.perf_counter() - started
     for sink in sinks:
-        sink.decided(policy.name, policy.algorithm, _result(decision), seconds)
+        sink.decided(policy.name, policy.algorithm, metric_result(decision), seconds)
     return decision
 
 

@@ -167,7 +167,8 @@ class _Once:
         """Read once_finish's reply: raise LeaseLost when another run took the key over."""
         what = f"run_once {self.keys.base}"
         code = int(reply)
-        if code == 0 and not self.lost_counted:  # lost, and the renewer had not said so
+        # 0: another run took the key over; 2: the lease ran out, nobody took it. Both lost it.
+        if code in (0, 2) and not self.lost_counted:  # and the renewer had not said so
             self.lost_counted = True
             metrics.lock_lost()
         if code == 2:
