@@ -336,9 +336,7 @@ def decide(
     except CLIENT_ERRORS:
         _timed_failure([(policy, identity, cost)], time.perf_counter() - started, sinks)
         raise
-    seconds = time.perf_counter() - started
-    for sink in sinks:
-        sink.decided(policy.name, policy.algorithm, metric_result(decision), seconds)
+    _metered((decision,), time.perf_counter() - started, sinks)
     return decision
 
 
@@ -404,9 +402,7 @@ async def adecide(
     except CLIENT_ERRORS:
         _timed_failure([(policy, identity, cost)], time.perf_counter() - started, sinks)
         raise
-    seconds = time.perf_counter() - started
-    for sink in sinks:
-        sink.decided(policy.name, policy.algorithm, metric_result(decision), seconds)
+    _metered((decision,), time.perf_counter() - started, sinks)
     return decision
 
 
