@@ -56,15 +56,12 @@ from django_redislua.request_layer import (
     UNAVAILABLE_RETRY_AFTER,
     Rule,
     checks_for,
-    count_failure,
-    count_known,
     enforced,
-    fails_open,
     mark_logged,
     record_shadow,
     release_all,
     report_broken,
-    report_outage,
+    report_failure,
     rule_for_name,
     soft_indexes,
 )
@@ -121,18 +118,14 @@ def _decide(
     decisions: list[Decision | None]
     try:
         decisions = list(evaluate(checks, now_us=now_us, soft=soft))
-    except PartlyDecided as exc:  # Redis failed, but the request is refused anyway
-        report_outage(exc)
-        count_known(exc.known)
-        count_failure([c for c, d in zip(checks, exc.known, strict=True) if d is None], False)
-        decisions = exc.known
     except CLIENT_ERRORS as exc:
-        admit = fails_open(checks)
-        report_outage(exc, fail_open=admit)  # one warning a minute, not one per request
-        count_failure(checks, admit)
-        if admit:
+        admit = report_failure(checks, exc)  # one warning a minute, not one per request
+        if isinstance(exc, PartlyDecided):  # refused anyway, by a rule decided without Redis
+            decisions = exc.known
+        elif admit:
             return None
-        raise _unavailable(view) from exc
+        else:
+            raise _unavailable(view) from exc
     known = [d for d in decisions if d is not None]
     record_shadow(request, known)
     recorded = [*getattr(request, "ratelimit", ()), *enforced(known)]

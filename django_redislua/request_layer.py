@@ -39,7 +39,7 @@ from django_redislua.limiting import (
     evaluate,
     get_policy,
 )
-from django_redislua.limiting.engine import Check, PartlyDecided, metric_result
+from django_redislua.limiting.engine import Check, PartlyDecided
 from django_redislua.limiting.policy import check_cost
 from django_redislua.signals import rate_limited
 
@@ -319,35 +319,29 @@ def fails_open(checks: Iterable[Check]) -> bool:
     return settings.FAIL_OPEN or all(policy.shadow for policy, _identity, _cost in checks)
 
 
-def count_known(known: Iterable[Decision | None]) -> None:
-    """Count the Decisions made without Redis before a call failed (merged ones once)."""
-    seen: set[int] = set()
-    for decision in known:
-        if decision is not None and id(decision) not in seen:
-            seen.add(id(decision))
-            policy = decision.policy
-            metrics.decision(policy.name, policy.algorithm, metric_result(decision))
-
-
-def _refused(request: HttpRequest, rules: list[Rule], checks: list[Check],
-             exc: PartlyDecided) -> Outcome:
-    """Redis failed, but a gating rule was already denied without it: refused all the same,
-    with the Decisions known (the others are counted unavailable: nothing admitted them)."""
-    report_outage(exc)
-    count_known(exc.known)
-    count_failure([c for c, d in zip(checks, exc.known, strict=True) if d is None], False)
-    pairs = [(rule, d) for rule, d in zip(rules, exc.known, strict=True) if d is not None]
-    return _record(request, [rule for rule, _d in pairs], [d for _rule, d in pairs])
+def report_failure(checks: Sequence[Check], exc: BaseException) -> bool:
+    """Redis failed for ``checks``: log it (once a minute), count the checks left undecided,
+    and say whether the request is admitted: with FAIL_OPEN, or when only shadow rules were
+    asked; never when a rule was already denied without Redis (:class:`PartlyDecided`, whose
+    known Decisions the engine counted), nor are those undecided checks admitted then."""
+    if isinstance(exc, PartlyDecided):
+        report_outage(exc)
+        count_failure([c for c, d in zip(checks, exc.known, strict=True) if d is None], False)
+        return False
+    admit = fails_open(checks)
+    report_outage(exc, fail_open=admit)
+    count_failure(checks, admit)
+    return admit
 
 
 def _failed(request: HttpRequest, rules: list[Rule], checks: list[Check],
             exc: BaseException) -> Outcome:
-    """Redis failed: FAIL_OPEN admits (nothing decided, nothing recorded), else 503."""
+    """Redis failed: FAIL_OPEN admits (nothing decided, nothing recorded), else 503; a request
+    a rule already refused without Redis is refused with the Decisions known."""
+    admit = report_failure(checks, exc)
     if isinstance(exc, PartlyDecided):
-        return _refused(request, rules, checks, exc)
-    admit = fails_open(checks)
-    report_outage(exc, fail_open=admit)
-    count_failure(checks, admit)
+        pairs = [(rule, d) for rule, d in zip(rules, exc.known, strict=True) if d is not None]
+        return _record(request, [rule for rule, _d in pairs], [d for _rule, d in pairs])
     if not admit:
         return UNAVAILABLE
     return _record(request, [], [])

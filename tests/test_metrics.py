@@ -835,6 +835,20 @@ def test_a_known_denial_survives_an_outage_with_several_checks(meter: Meter) -> 
     assert meter.delta().results("mx-mw-tight") == {"allowed": 3, "denied": 3}
 
 
+def test_a_known_denial_survives_an_outage_in_a_policy_throttle(meter: Meter) -> None:
+    view = api_view(drf.PolicyThrottle, throttle_policy=["mx-mw-tight", "mx-mw-wide"])
+    with RedisServer() as server, middleware_settings(), redislua(
+            CONNECTION=server.url, SOCKET_TIMEOUT=0.2, SOCKET_CONNECT_TIMEOUT=0.2):
+        assert api_get(view, 4) == [200, 200, 200, 429]
+        server.stop()
+        codes = api_get(view, 2)
+    assert codes == [429, 429]  # refused by the known denial, not admitted by FAIL_OPEN
+    delta = meter.delta()
+    assert delta.results("mx-mw-tight") == {"allowed": 3, "denied": 3}
+    # The wide policy could not be asked during the outage: nothing admitted it either.
+    assert delta.results("mx-mw-wide") == {"allowed": 4, "unavailable": 2}
+
+
 async def test_async_outage(meter: Meter, down: str) -> None:
     with outage(down, True):
         codes = [(await async_view(rf.get("/mx/", REMOTE_ADDR=IP))).status_code

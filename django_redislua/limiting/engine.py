@@ -191,6 +191,10 @@ class _Plan:
                          "1" if gate else "0")
             self.calls.append((keys, args))
 
+    def partly_decided(self, cause: BaseException) -> PartlyDecided:
+        """The failure to raise when Redis failed once the gate was already closed."""
+        return PartlyDecided([self.known[j] for j in self.index], cause)
+
     def decisions(self, replies: Sequence[Sequence[int]]) -> list[Decision]:
         unique, peek = self.unique, self.peek
         out = list(self.known)
@@ -225,13 +229,6 @@ class PartlyDecided(redis.RedisError):
     def __init__(self, known: list[Decision | None], cause: BaseException) -> None:
         super().__init__(f"{cause} (a gating check was already denied)")
         self.known = known
-
-
-def _decided_or_partly(plan: _Plan, exc: BaseException) -> BaseException:
-    """What a failed call raises: PartlyDecided when the plan already refuses the request."""
-    if plan.gate_closed:
-        return PartlyDecided([plan.known[j] for j in plan.index], exc)
-    return exc
 
 
 def _on_cluster(checks: Sequence[Check], client: object) -> bool:
@@ -270,11 +267,15 @@ def _metered(decisions: Sequence[Decision], seconds: float,
         timed.add(policy.name)
 
 
-def _timed_failure(checks: Sequence[Check], seconds: float,
+def _timed_failure(checks: Sequence[Check], exc: BaseException, seconds: float,
                    sinks: tuple[metrics.Sink, ...]) -> None:
-    """A decision that failed took time too (a socket timeout, typically): observe it. The
-    caller counts the result (failed_open or unavailable), knowing what it did."""
-    for name in {policy.name for policy, _identity, _cost in checks}:
+    """A call that failed took time too (a socket timeout, typically): time it, once per
+    policy. Decisions made without Redis before it failed (:class:`PartlyDecided`) are counted
+    as made; the caller counts the others (failed_open or unavailable), knowing what it did."""
+    decided = [d for d in getattr(exc, "known", ()) if d is not None]
+    _metered(decided, seconds, sinks)
+    timed = {d.policy.name for d in decided}
+    for name in {policy.name for policy, _identity, _cost in checks} - timed:
         for sink in sinks:
             sink.decision_seconds(name, seconds)
 
@@ -297,8 +298,8 @@ def evaluate(
     started = time.perf_counter()
     try:
         decisions = _evaluate(checks, peek, now_us, client, soft)
-    except CLIENT_ERRORS:  # Redis failing; a caller's mistake (a bad cost) decided nothing
-        _timed_failure(checks, time.perf_counter() - started, sinks)
+    except CLIENT_ERRORS as exc:  # Redis failing; a caller's mistake decided nothing
+        _timed_failure(checks, exc, time.perf_counter() - started, sinks)
         raise
     _metered(decisions, time.perf_counter() - started, sinks)
     return decisions
@@ -315,10 +316,9 @@ def _evaluate(checks: Sequence[Check], peek: bool, now_us: int | None,
     try:
         replies = [script(keys, args, client=client) for keys, args in plan.calls]
     except CLIENT_ERRORS as exc:
-        failure = _decided_or_partly(plan, exc)
-        if failure is exc:
-            raise
-        raise failure from exc
+        if plan.gate_closed:  # refused whatever Redis would say: keep what is known
+            raise plan.partly_decided(exc) from exc
+        raise
     return plan.decisions(replies)
 
 
@@ -333,8 +333,8 @@ def decide(
     started = time.perf_counter()
     try:
         decision = _decide(policy, identity, cost, peek, now_us, client)
-    except CLIENT_ERRORS:
-        _timed_failure([(policy, identity, cost)], time.perf_counter() - started, sinks)
+    except CLIENT_ERRORS as exc:
+        _timed_failure([(policy, identity, cost)], exc, time.perf_counter() - started, sinks)
         raise
     _metered((decision,), time.perf_counter() - started, sinks)
     return decision
@@ -361,8 +361,8 @@ async def aevaluate(
     started = time.perf_counter()
     try:
         decisions = await _aevaluate(checks, peek, now_us, client, soft)
-    except CLIENT_ERRORS:  # Redis failing; a caller's mistake (a bad cost) decided nothing
-        _timed_failure(checks, time.perf_counter() - started, sinks)
+    except CLIENT_ERRORS as exc:  # Redis failing; a caller's mistake decided nothing
+        _timed_failure(checks, exc, time.perf_counter() - started, sinks)
         raise
     _metered(decisions, time.perf_counter() - started, sinks)
     return decisions
@@ -379,10 +379,9 @@ async def _aevaluate(checks: Sequence[Check], peek: bool, now_us: int | None,
     try:
         replies = [await script.acall(keys, args, client=client) for keys, args in plan.calls]
     except CLIENT_ERRORS as exc:
-        failure = _decided_or_partly(plan, exc)
-        if failure is exc:
-            raise
-        raise failure from exc
+        if plan.gate_closed:
+            raise plan.partly_decided(exc) from exc
+        raise
     return plan.decisions(replies)
 
 
@@ -399,8 +398,8 @@ async def adecide(
     started = time.perf_counter()
     try:
         decision = await _adecide(policy, identity, cost, peek, now_us, client)
-    except CLIENT_ERRORS:
-        _timed_failure([(policy, identity, cost)], time.perf_counter() - started, sinks)
+    except CLIENT_ERRORS as exc:
+        _timed_failure([(policy, identity, cost)], exc, time.perf_counter() - started, sinks)
         raise
     _metered((decision,), time.perf_counter() - started, sinks)
     return decision
