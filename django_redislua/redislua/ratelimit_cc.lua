@@ -1,7 +1,8 @@
--- Rate-limit decision for one concurrency policy ("cc"): KEYS and ARGV as ratelimit.lua's with
--- one policy (KEYS[1] its state key; ARGV[1] "hit" or "peek", ARGV[2] the time or "", ARGV[3..8]
--- the policy's six). The engine sends a single check here: a script re-creates every function
--- it defines on each EVALSHA, so this one defines only what concurrency needs.
+-- Rate-limit decision for one concurrency policy ("cc"): KEYS and ARGV as ratelimit.lua's with one
+-- policy (KEYS[1] its state key; ARGV[1] "hit" or "peek"; ARGV[2] "" (TIME), "+N" (TIME plus N us)
+-- or the time; ARGV[3..8] the policy's six). The engine sends a single check here: a script
+-- re-creates every function it defines on each EVALSHA, so this one defines only what concurrency
+-- needs.
 local ALGORITHMS = {}
 --#include lib/common.lua
 --#include lib/concurrency.lua
