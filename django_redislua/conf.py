@@ -66,9 +66,16 @@ def _merged() -> dict[str, Any]:
     return {**DEFAULTS, **user}
 
 
+# Bumped whenever REDISLUA or CACHES changes: a value derived from the settings on the hot path
+# (a policy's key head, a script's command head) is cached with the generation it was made in.
+generation = 0
+
+
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: Any) -> None:
+    global generation
     if setting in ("REDISLUA", "CACHES"):
+        generation += 1
         _merged.cache_clear()
         for callback in _on_change:
             callback()

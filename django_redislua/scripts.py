@@ -28,7 +28,7 @@ from django.apps import apps
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
-from django_redislua import metrics
+from django_redislua import conf, metrics
 from django_redislua.conf import settings
 from django_redislua.connection import (
     CLIENT_ERRORS,
@@ -91,6 +91,7 @@ class Script:
         self.path = path
         self.sha = hashlib.sha1(source.encode()).hexdigest()
         self.function_name = LIBRARY_PREFIX + re.sub(r"\W", "_", name)
+        self._head: tuple[int, tuple[str, str]] = (-1, ("", ""))
 
     def __repr__(self) -> str:
         return f"<Script {self.name} {self.sha[:12]}>"
@@ -101,11 +102,33 @@ class Script:
         args: Sequence[Arg] = (),
         client: SyncClient | None = None,
     ) -> Any:
+        return self.run((*self.head(), len(keys), *keys, *args), client)
+
+    async def acall(
+        self,
+        keys: Sequence[KeyArg] = (),
+        args: Sequence[Arg] = (),
+        client: AsyncClient | None = None,
+    ) -> Any:
+        return await self.arun((*self.head(), len(keys), *keys, *args), client)
+
+    def head(self) -> tuple[str, str]:
+        """``("EVALSHA", sha)`` or ``("FCALL", function)``: a call is this, then the number of
+        keys, the keys and the arguments. Cached per settings (it depends on USE_FUNCTIONS)."""
+        cached = self._head
+        if cached[0] != conf.generation:
+            head = (("FCALL", function_name(self, registry.library()[0])) if settings.USE_FUNCTIONS
+                    else ("EVALSHA", self.sha))
+            cached = self._head = (conf.generation, head)
+        return cached[1]
+
+    def run(self, command: tuple[Any, ...], client: SyncClient | None = None) -> Any:
+        """Send ``command`` (:meth:`head` + number of keys, keys, args); on ``NOSCRIPT`` load
+        the script and send it again, once."""
         try:
             client = client or get_client()
             channel = channel_for(client)
             send = client.execute_command if channel is None else channel.call
-            command = self._command(keys, args)
             try:
                 return send(*command)
             except ResponseError as exc:
@@ -118,17 +141,12 @@ class Script:
             metrics.redis_error(self.name)
             raise
 
-    async def acall(
-        self,
-        keys: Sequence[KeyArg] = (),
-        args: Sequence[Arg] = (),
-        client: AsyncClient | None = None,
-    ) -> Any:
+    async def arun(self, command: tuple[Any, ...], client: AsyncClient | None = None) -> Any:
+        """The asyncio twin of :meth:`run`."""
         try:
             client = client or get_async_client()
             channel = async_channel_for(client)
             send = client.execute_command if channel is None else channel.call
-            command = self._command(keys, args)
             try:
                 return await send(*command)
             except ResponseError as exc:
@@ -140,12 +158,6 @@ class Script:
         except CLIENT_ERRORS:
             metrics.redis_error(self.name)
             raise
-
-    def _command(self, keys: Sequence[KeyArg], args: Sequence[Arg]) -> tuple[Any, ...]:
-        """``EVALSHA sha n keys args``, or ``FCALL`` of this script's function."""
-        if settings.USE_FUNCTIONS:
-            return ("FCALL", function_name(self, registry.library()[0]), len(keys), *keys, *args)
-        return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
     def _load_command(self, error: ResponseError) -> tuple[Any, ...] | None:
         """What loads the script a call just found missing (``SCRIPT LOAD``, or ``FUNCTION LOAD
@@ -160,10 +172,7 @@ class Script:
 
     def _queue(self, pipe: Any, keys: Sequence[KeyArg], args: Sequence[Arg], replicas: int,
                timeout_ms: int) -> None:
-        if settings.USE_FUNCTIONS:
-            pipe.fcall(function_name(self, registry.library()[0]), len(keys), *keys, *args)
-        else:
-            pipe.evalsha(self.sha, len(keys), *keys, *args)
+        pipe.execute_command(*self.head(), len(keys), *keys, *args)
         pipe.execute_command("WAIT", replicas, timeout_ms)
 
     def _missing(self, reply: Any) -> bool:

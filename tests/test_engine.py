@@ -257,6 +257,35 @@ def test_cost_takes_several_units(algorithm: str) -> None:
     assert policy.hit("k", cost=2).remaining == 0
 
 
+# -- values cached on the hot path follow the settings ----------------------------------------------
+
+def test_a_policy_made_once_follows_a_changed_key_prefix_and_functions_mode(
+        r: redis.Redis) -> None:
+    """A policy's key head and a script's command head are cached per settings generation."""
+    from django.test import override_settings
+
+    from tests.settings import REDISLUA
+
+    policy = make("fixed_window", name="prefixed")
+    assert policy.hit("k").remaining == 4
+    with override_settings(REDISLUA={**REDISLUA, "KEY_PREFIX": "other", "USE_FUNCTIONS": True}):
+        assert policy.redis_key("k").startswith("other:prefixed:")
+        policy.hit("warm")  # loads the Functions library on this server
+        with CommandRecorder(r) as recorder:
+            assert policy.hit("k").remaining == 4  # its own count under the new prefix
+        assert recorder.commands[-1] == "FCALL"
+        assert r.exists(policy.redis_key("k"))
+    assert policy.redis_key("k").startswith("rl:")
+    assert policy.hit("k").remaining == 3
+
+
+def test_a_decision_is_immutable() -> None:
+    decision = make("fixed_window").hit("k")
+    with pytest.raises(AttributeError):
+        decision.allowed = False  # type: ignore[misc]
+    assert decision.allowed and decision.limit == 5 and not decision.local
+
+
 # -- errors --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cost", [0, -1])

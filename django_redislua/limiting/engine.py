@@ -8,6 +8,7 @@ per slot only (give related policies the same identity to keep them in one slot)
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import time
@@ -19,7 +20,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from django_redislua import metrics
+from django_redislua import conf, metrics
 from django_redislua.connection import (
     CLIENT_ERRORS,
     AsyncClient,
@@ -30,7 +31,7 @@ from django_redislua.connection import (
 )
 from django_redislua.limiting import clock, denials
 from django_redislua.limiting.policy import Decision, Policy, PolicyError, RateLimited
-from django_redislua.scripts import get_script
+from django_redislua.scripts import Script, get_script
 
 Check = tuple[Policy, str | bytes | int, int]
 US = 1_000_000.0
@@ -78,29 +79,21 @@ class _One:
     """One check as data, no I/O: the lean common case (a single policy on a request).
 
     ``decision`` is set when no round trip is needed (a doomed check, or a denial this process
-    already knows, see :mod:`denials`); otherwise ``script`` called with ``(key,)`` and
-    ``args`` decides, and :meth:`result` turns its reply into the Decision.
+    already knows, see :mod:`denials`); otherwise ``script`` run with ``command`` decides, and
+    :meth:`result` turns its reply into the Decision.
     """
 
-    __slots__ = (
-        "args",
-        "cost",
-        "decision",
-        "extra",
-        "identity",
-        "key",
-        "peek",
-        "policy",
-        "script",
-        "sent",
-    )
+    __slots__ = ("command", "cost", "decision", "extra", "identity", "key", "peek", "policy",
+                 "script", "sent")
 
     def __init__(self, policy: Policy, identity: str | bytes | int, cost: int, peek: bool,
                  now_us: int | None) -> None:
-        _validate(policy, cost)
         self.policy, self.identity, self.cost, self.peek = policy, identity, cost, peek
         self.decision: Decision | None = None
-        if _doomed(policy, cost):
+        # This runs on every decision, mostly with caches cold: one test for the rare cases.
+        if (cost < 1 or cost > policy.limit or policy._rate_callable is not None
+                or (policy.code == "cc" and cost != 1)):
+            _validate(policy, cost)  # raises for a caller's mistake; else the check is doomed
             self.decision = _denied(policy, identity)
             return
         self.key = key = policy.redis_key(identity)
@@ -109,20 +102,42 @@ class _One:
             self.decision = denials.answer(key, cost, self.sent, policy, identity)
             if self.decision is not None:
                 return
-        self.extra = _extra(policy)
-        self.script = SCRIPT_ONE[policy.code]
-        self.args = ["peek" if peek else "hit", clock.script_now(now_us), policy.code,
-                     policy.limit, policy.param, cost, self.extra, "1"]
+        self.extra = extra = _extra(policy)
+        self.script, head = _single_script(policy.code)
+        self.command = (*head, 1, key, "peek" if peek else "hit", clock.script_now(now_us),
+                        policy.code, policy.limit, policy.param, cost, extra, "1")
 
     def result(self, reply: Sequence[int]) -> Decision:
         policy = self.policy
         allowed = reply[0] == 1
-        lease = self.extra if allowed and policy.code == "cc" and not self.peek else None
-        decision = Decision(allowed, policy.limit, reply[1], reply[2] / US, reply[3] / US,
-                            policy, self.identity, lease)
         if not self.peek:
             denials.learn(self.key, self.cost, self.sent, policy, reply, consumed=allowed)
-        return decision
+        return _decision(
+            (allowed, policy.limit, reply[1], reply[2] / US, reply[3] / US, policy, self.identity,
+             self.extra if allowed and policy.code == "cc" and not self.peek else None, False))
+
+
+# Decision's fields as one tuple, without the Python-level __new__ a named tuple calls.
+_decision = functools.partial(tuple.__new__, Decision)
+
+# (settings generation, {algorithm code: (its script, the script's command head)})
+_single: tuple[int, dict[str, tuple[Script, tuple[str, str]]]] = (-1, {})
+
+
+def _single_script(code: str) -> tuple[Script, tuple[str, str]]:
+    """The script deciding one check of algorithm ``code`` (see SCRIPT_ONE) and its command
+    head, found once per settings."""
+    global _single
+    generation, found = _single
+    if generation != conf.generation:
+        found = {}
+        _single = (conf.generation, found)
+    try:
+        return found[code]
+    except KeyError:
+        script = get_script(SCRIPT_ONE[code])
+        found[code] = pair = (script, script.head())
+        return pair
 
 
 class _Plan:
@@ -345,7 +360,7 @@ def _decide(policy: Policy, identity: str | bytes | int, cost: int, peek: bool,
     one = _One(policy, identity, cost, peek, now_us)
     if one.decision is not None:
         return one.decision
-    return one.result(get_script(one.script)((one.key,), one.args, client=client))
+    return one.result(one.script.run(one.command, client))
 
 
 async def aevaluate(
@@ -410,7 +425,7 @@ async def _adecide(policy: Policy, identity: str | bytes | int, cost: int, peek:
     one = _One(policy, identity, cost, peek, now_us)
     if one.decision is not None:
         return one.decision
-    return one.result(await get_script(one.script).acall((one.key,), one.args, client=client))
+    return one.result(await one.script.arun(one.command, client))
 
 
 @contextlib.contextmanager

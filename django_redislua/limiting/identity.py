@@ -12,28 +12,17 @@ import hashlib
 MAX_IDENTITY = 64
 
 
-def _is_kept(text: str) -> bool:
-    """1-64 printable ASCII characters, no space, ``{`` or ``}``, not starting with ``#``.
-
-    String methods rather than a regex: this runs on every decision.
-    """
-    return (
-        0 < len(text) <= MAX_IDENTITY
-        and text.isascii()
-        and text.isprintable()
-        and text[0] != "#"  # the digest marker: a kept value can never look like a digest
-        and " " not in text
-        and "{" not in text
-        and "}" not in text
-    )
-
-
 def _digest(data: bytes) -> str:
     return "#" + hashlib.sha256(data).hexdigest()[:32]
 
 
 def bound_identity(value: str | bytes | int) -> str:
-    """``value`` if short and printable, else ``"#" + sha256(value)[:32]``."""
+    """``value`` if short and printable, else ``"#" + sha256(value)[:32]``.
+
+    Kept: 1-64 printable ASCII characters, no space, ``{`` or ``}``, not starting with ``#``
+    (the digest marker: a kept value can never look like a digest). String methods rather than
+    a regex, and one function: this runs on every decision.
+    """
     if isinstance(value, str):
         text = value
     elif isinstance(value, bytes):
@@ -45,6 +34,7 @@ def bound_identity(value: str | bytes | int) -> str:
         return str(value)
     else:
         text = str(value)
-    if _is_kept(text):
+    if (0 < len(text) <= MAX_IDENTITY and text.isascii() and text.isprintable()
+            and text[0] != "#" and " " not in text and "{" not in text and "}" not in text):
         return text
     return _digest(text.encode("utf-8", "surrogatepass"))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.utils.module_loading import import_string
 
+from django_redislua import conf
 from django_redislua.conf import settings
 from django_redislua.connection import get_async_client, get_client, on_throwaway_loop
 from django_redislua.limiting.identity import bound_identity
@@ -127,6 +127,8 @@ class Policy:
         self.burst: int | None = None
         self.extra = ""  # the script's per-policy "extra" argument, where the algorithm has one
         self._rate_callable: Callable[..., str | None] | None = None
+        # (settings generation, "<KEY_PREFIX>:<name>:<code>:{"): see redis_key
+        self._key_head: tuple[int, str] = (-1, "")
 
         if algorithm == "concurrency":
             if limit is None:
@@ -233,9 +235,13 @@ class Policy:
 
         The identity is the hash tag, so one identity's keys share a cluster slot.
         """
-        if prefix is None:
-            prefix = settings.KEY_PREFIX
-        return f"{prefix}:{self.name}:{self.code}:{{{bound_identity(identity)}}}"
+        if prefix is not None:
+            return f"{prefix}:{self.name}:{self.code}:{{{bound_identity(identity)}}}"
+        head = self._key_head  # every decision builds a key: the head is built once per settings
+        if head[0] != conf.generation:
+            head = self._key_head = (
+                conf.generation, f"{settings.KEY_PREFIX}:{self.name}:{self.code}:{{")
+        return head[1] + bound_identity(identity) + "}"
 
     # -- deciding (one round trip each) -------------------------------------------------------
     def hit(self, key: str | bytes | int, cost: int | None = None) -> Decision:
@@ -326,9 +332,9 @@ def _methods(name: str, methods: Sequence[str] | str | None) -> frozenset[str] |
     return result
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What Redis decided for one policy and one identity."""
+class Decision(NamedTuple):
+    """What Redis decided for one policy and one identity. Immutable; a named tuple because
+    one is built for every decision, at a third of a frozen dataclass's cost."""
 
     allowed: bool
     limit: int
