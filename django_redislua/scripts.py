@@ -20,7 +20,7 @@ import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio.cluster
@@ -158,6 +158,74 @@ class Script:
         except CLIENT_ERRORS:
             metrics.redis_error(self.name)
             raise
+
+    def run_all(self, commands: Sequence[tuple[Any, ...]],
+                client: SyncClient | None = None) -> list[Any]:
+        """Several calls (see :meth:`run`), pipelined: on a cluster each node gets its share,
+        written to every node before any reply is read, so the calls overlap (one round trip per
+        node, taken together). Calls the server lacks the script for are loaded and sent
+        again, once; any other error is raised (after every call was answered)."""
+        if len(commands) == 1:
+            return [self.run(commands[0], client)]
+        client = client or get_client()
+        try:
+            replies = self._pipelined(client, commands)
+            missing = [i for i, reply in enumerate(replies) if self._missing(reply)]
+            if missing:
+                load = self._load_command(replies[missing[0]])
+                assert load is not None  # _missing holds for exactly what _load_command loads
+                cast(Any, client).execute_command(*load)  # a cluster: on every node
+                again = self._pipelined(client, [commands[i] for i in missing])
+                for i, reply in zip(missing, again, strict=True):
+                    replies[i] = reply
+            return self._raised(replies)
+        except CLIENT_ERRORS:
+            metrics.redis_error(self.name)
+            raise
+
+    async def arun_all(self, commands: Sequence[tuple[Any, ...]],
+                       client: AsyncClient | None = None) -> list[Any]:
+        """The asyncio twin of :meth:`run_all` (redis-py sends each node its share
+        concurrently)."""
+        if len(commands) == 1:
+            return [await self.arun(commands[0], client)]
+        client = client or get_async_client()
+        try:
+            replies = await self._apipelined(client, commands)
+            missing = [i for i, reply in enumerate(replies) if self._missing(reply)]
+            if missing:
+                load = self._load_command(replies[missing[0]])
+                assert load is not None
+                await client.execute_command(*load)
+                again = await self._apipelined(client, [commands[i] for i in missing])
+                for i, reply in zip(missing, again, strict=True):
+                    replies[i] = reply
+            return self._raised(replies)
+        except CLIENT_ERRORS:
+            metrics.redis_error(self.name)
+            raise
+
+    @staticmethod
+    def _pipelined(client: SyncClient, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(pipe.execute(raise_on_error=False))
+
+    @staticmethod
+    async def _apipelined(client: AsyncClient,
+                          commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute(raise_on_error=False))
+
+    @staticmethod
+    def _raised(replies: list[Any]) -> list[Any]:
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
     def _load_command(self, error: ResponseError) -> tuple[Any, ...] | None:
         """What loads the script a call just found missing (``SCRIPT LOAD``, or ``FUNCTION LOAD

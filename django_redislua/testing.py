@@ -34,6 +34,7 @@ from urllib.parse import quote
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 
@@ -530,6 +531,14 @@ class RedisSentinelServers:
     ``password`` protects the primary (the data password; the sentinel is given it with
     ``sentinel auth-pass``) and ``sentinel_password`` the sentinel itself (its
     ``requirepass``): deployments often set both, to different values.
+
+    ``replicas``: that many replicas of the primary (``replicaof``; ``masterauth`` and
+    ``requirepass`` with ``password``), in sync and known to the sentinel when start() returns,
+    so the sentinel can fail over: ``kill_primary()`` SIGKILLs the current primary,
+    ``wait_for_failover()`` waits until the sentinel names a new one, ``current_primary()`` is
+    the server it names now. With replicas the sentinel is tuned to fail over fast:
+    ``down_after_ms`` (default 1000; the sentinel's own default, 30 s, without replicas) and
+    ``failover_timeout_ms`` (default 5000). ``primary`` stays the server started as primary.
     """
 
     def __init__(
@@ -538,11 +547,30 @@ class RedisSentinelServers:
         *,
         password: str | None = None,
         sentinel_password: str | None = None,
+        replicas: int = 0,
+        down_after_ms: int | None = None,
+        failover_timeout_ms: int | None = None,
     ) -> None:
+        if replicas < 0:
+            raise ValueError(f"replicas must be >= 0, not {replicas}")
         self.service_name = service_name
         self.password = password
         self._sentinel_password = sentinel_password
-        self.primary = RedisServer(password=password)
+        self.replicas = replicas
+        self.down_after_ms = down_after_ms if down_after_ms is not None or not replicas else 1000
+        self.failover_timeout_ms = (
+            failover_timeout_ms if failover_timeout_ms is not None or not replicas else 5000
+        )
+        # Every node may become primary: each requires the password and syncs with it, and
+        # sends its replicas a snapshot at once (not after the default 5 s wait for more).
+        node_args: tuple[str, ...] = ()
+        if replicas:
+            node_args = ("--repl-diskless-sync-delay", "0")
+            if password is not None:
+                node_args += ("--masterauth", password)
+        self._node_args = node_args
+        self.primary = RedisServer(password=password, extra_args=node_args)
+        self.replica_servers: list[RedisServer] = []
         self.sentinel: RedisServer | None = None
 
     @property
@@ -563,7 +591,13 @@ class RedisSentinelServers:
         return self._sentinel_password
 
     def start(self, timeout: float = 10.0) -> RedisSentinelServers:
+        deadline = time.monotonic() + timeout
         self.primary.start()
+        try:
+            self._start_replicas(deadline)
+        except BaseException:
+            self.stop()
+            raise
         # Its client() logs in with the sentinel's own password.
         sentinel = RedisServer(password=self._sentinel_password)
         config = Path(sentinel.workdir, "sentinel.conf")
@@ -576,6 +610,16 @@ class RedisSentinelServers:
             lines.append(f"sentinel auth-pass {self.service_name} {_conf_quote(self.password)}")
         if self._sentinel_password is not None:
             lines.append(f"requirepass {_conf_quote(self._sentinel_password)}")
+        if self.down_after_ms is not None:
+            lines.append(
+                f"sentinel down-after-milliseconds {self.service_name} {self.down_after_ms}"
+            )
+        if self.failover_timeout_ms is not None:
+            lines.append(
+                f"sentinel failover-timeout {self.service_name} {self.failover_timeout_ms}"
+            )
+        if self.replicas:
+            lines.append(f"sentinel parallel-syncs {self.service_name} {self.replicas}")
         config.write_text("\n".join(lines) + "\n")
         # A sentinel takes its config file first and rewrites it, so it is started by hand.
         process = sentinel.process = _spawn(
@@ -584,14 +628,13 @@ class RedisSentinelServers:
         )
         self.sentinel = sentinel
         atexit.register(sentinel.stop)
-        deadline = time.monotonic() + timeout
         probe = _probe_client(sentinel)
         try:
             while True:
                 try:
                     if probe.execute_command(
                         "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service_name
-                    ):
+                    ) and self._sentinel_knows_replicas(probe):
                         break
                 except redis.AuthenticationError:
                     self.stop()
@@ -607,9 +650,112 @@ class RedisSentinelServers:
             probe.close()
         return self
 
+    def _start_replicas(self, deadline: float) -> None:
+        """Start the replicas and wait until each has synced (``master_link_status:up``)."""
+        for _ in range(self.replicas):
+            replica = RedisServer(
+                password=self.password,
+                extra_args=(*self._node_args, "--replicaof", "127.0.0.1", str(self.primary.port)),
+            )
+            self.replica_servers.append(replica)
+            replica.start(timeout=max(deadline - time.monotonic(), 1.0))
+        for replica in self.replica_servers:
+            probe = _probe_client(replica)
+            try:
+                while probe.info("replication").get("master_link_status") != "up":
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"replica on port {replica.port} did not sync with the primary: "
+                            f"{_startup_output(replica.workdir)}"
+                        )
+                    time.sleep(0.05)
+            finally:
+                probe.close()
+
+    def _sentinel_knows_replicas(self, probe: redis.Redis) -> bool:
+        """Whether the sentinel lists every replica, reachable and in sync: only then can it
+        promote one (it learns of them from the primary's INFO, then asks each itself)."""
+        if not self.replicas:
+            return True
+        entries = probe.execute_command("SENTINEL", "REPLICAS", self.service_name)
+        healthy = 0
+        for entry in entries or ():
+            # redis-py parses the reply into a dict per replica (flags become a set); a flat
+            # list of names and values otherwise.
+            fields = entry if isinstance(entry, dict) else dict(
+                zip(entry[::2], entry[1::2], strict=True))
+            text = {self._str(k): self._str(v) for k, v in fields.items()}
+            if text.get("flags") == "slave" and text.get("master-link-status") == "ok":
+                healthy += 1
+        return healthy >= self.replicas
+
+    @staticmethod
+    def _str(value: object) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def sentinel_client(self, **kwargs: object) -> redis.Redis:
+        """A client of the sentinel (logged in with its own password)."""
+        assert self.sentinel is not None, "start() first"
+        return self.sentinel.client(**kwargs)
+
+    def primary_address(self) -> tuple[str, int]:
+        """``(host, port)`` of the primary the sentinel names now (GET-MASTER-ADDR-BY-NAME)."""
+        probe = self.sentinel_client(
+            socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+        )
+        try:
+            host, port = probe.execute_command(
+                "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service_name
+            )
+        finally:
+            probe.close()
+        return self._str(host), int(port)
+
+    def current_primary(self) -> RedisServer:
+        """The server the sentinel names as primary now."""
+        _host, port = self.primary_address()
+        for server in (self.primary, *self.replica_servers):
+            if server.port == port:
+                return server
+        raise RuntimeError(f"the sentinel names port {port}, none of this set-up's servers")
+
+    def kill_primary(self) -> RedisServer:
+        """SIGKILL the current primary (no shutdown, no goodbye to clients or replicas) and
+        return it; stop() cleans up after it. Sentinel then fails over to a replica."""
+        server = self.current_primary()
+        process = server.process
+        if process is None or process.poll() is not None:
+            raise RuntimeError(f"the primary on port {server.port} is not running")
+        process.send_signal(signal.SIGKILL)
+        process.wait(5)
+        return server
+
+    def wait_for_failover(self, old: RedisServer, timeout: float = 30.0) -> RedisServer:
+        """Wait until the sentinel names a primary other than ``old`` and that server says it is
+        a primary (``role:master``); return it. RuntimeError after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                _host, port = self.primary_address()
+                if port != old.port:
+                    server = self.current_primary()
+                    probe = _probe_client(server)
+                    try:
+                        if probe.info("replication").get("role") == "master":
+                            return server
+                    finally:
+                        probe.close()
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the sentinel did not fail over from port {old.port} within {timeout}s"
+                )
+            time.sleep(0.02)
+
     def stop(self) -> None:
         if self.sentinel is not None:
             self.sentinel.stop()
+        for replica in self.replica_servers:
+            replica.stop()
         self.primary.stop()
 
     def __enter__(self) -> RedisSentinelServers:
@@ -661,7 +807,15 @@ class CommandRecorder:
 
     _STOP = "redislua-recorder-stop"
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis | RedisCluster) -> None:
+        # On a cluster, one recorder per primary: entries are every primary's, in time order.
+        self._nodes: list[CommandRecorder] = []
+        if isinstance(client, RedisCluster):
+            from django_redislua.connection import primary_nodes  # needs Django's settings
+
+            self._nodes = [CommandRecorder(node) for _name, node in primary_nodes(client)]
+            self.entries: list[dict[str, object]] = []
+            return
         # The recorder opens its own two connections, reaching the server the way ``client``
         # does: same address (TCP or unix socket), database and credentials, and over TLS
         # with the same certificates and checks when ``client`` uses TLS.
@@ -681,7 +835,7 @@ class CommandRecorder:
             kwargs.update((k, v) for k, v in given.items() if k.startswith("ssl_"))
         self._client = redis.Redis(**kwargs)
         self._control = redis.Redis(**kwargs)
-        self.entries: list[dict[str, object]] = []
+        self.entries = []
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
 
@@ -695,6 +849,10 @@ class CommandRecorder:
                 self.entries.append(entry)
 
     def __enter__(self) -> CommandRecorder:
+        if self._nodes:
+            for node in self._nodes:
+                node.__enter__()
+            return self
         self._control.ping()  # connect now, so its handshake is not recorded
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -703,6 +861,12 @@ class CommandRecorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._nodes:
+            for node in self._nodes:
+                node.__exit__(*exc)
+            self.entries = sorted((e for node in self._nodes for e in node.entries),
+                                  key=lambda e: float(str(e.get("time", 0))))
+            return
         self._control.echo(self._STOP)
         if self._thread is not None:
             self._thread.join(5)

@@ -1,16 +1,25 @@
 """Fixtures: a real Redis server (REDIS_URL, else one started by tests/settings.py),
 flushed (keys, scripts, functions, and the local denial cache) before every test; a MONITOR
-command recorder; a real 6-node cluster for cluster tests."""
+command recorder; a real 6-node cluster for cluster tests.
+
+A test (or module, with ``pytestmark``) marked ``topologies`` runs twice: on the single server,
+and on the real 6-node cluster (that run is marked ``cluster``). On the cluster, the test
+settings' ``REDISLUA["CONNECTION"]`` is the cluster's URL for the whole test (tests that build
+``{**REDISLUA, ...}`` keep it), every primary is flushed first, and ``r`` / ``recorder`` are
+the cluster client and a recorder of every primary."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
+from django.test import override_settings
+from redis.cluster import RedisCluster
 
 from django_redislua import request_layer
-from django_redislua.connection import get_client
+from django_redislua.connection import get_client, primary_nodes
 from django_redislua.limiting import denials
 from django_redislua.testing import (
     CommandRecorder,
@@ -19,16 +28,56 @@ from django_redislua.testing import (
     bundled_binary,
 )
 
+TOPOLOGIES = [pytest.param("single"), pytest.param("cluster", marks=pytest.mark.cluster)]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("topologies") is None:
+        return
+    if "topology" not in metafunc.fixturenames:
+        metafunc.fixturenames.append("topology")
+    metafunc.parametrize("topology", TOPOLOGIES, indirect=True)
+
+
+def _flush(client: redis.Redis) -> None:
+    client.flushall()
+    client.script_flush()
+    client.function_flush()
+
 
 @pytest.fixture(autouse=True)
 def _flush_redis() -> Iterator[None]:
     client = get_client()
     assert isinstance(client, redis.Redis)
-    client.flushall()
-    client.script_flush()
-    client.function_flush()
+    _flush(client)
     denials.forget()  # the process's denials of keys FLUSHALL just removed
     yield
+
+
+@pytest.fixture
+def topology(request: pytest.FixtureRequest) -> Iterator[str]:
+    """"single" or "cluster" (see the module docstring); only for tests marked topologies."""
+    if request.param == "single":
+        yield "single"
+        return
+    from tests.settings import REDISLUA
+
+    cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
+    single = REDISLUA["CONNECTION"]
+    REDISLUA["CONNECTION"] = cluster.url  # shared: every {**REDISLUA, ...} of the test sees it
+    try:
+        with override_settings(REDISLUA=REDISLUA):
+            for _name, node in primary_nodes():
+                _flush(node)
+            denials.forget()
+            yield "cluster"
+    finally:
+        REDISLUA["CONNECTION"] = single
+
+
+def _after_topology(request: pytest.FixtureRequest) -> None:
+    if "topology" in request.fixturenames:
+        request.getfixturevalue("topology")
 
 
 @pytest.fixture(autouse=True)
@@ -38,16 +87,19 @@ def _fresh_log_gate(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def r() -> redis.Redis:
-    """The app's own sync client (flushed by the autouse fixture)."""
+def r(request: pytest.FixtureRequest) -> Any:
+    """The app's own sync client (flushed by the autouse fixture): a ``redis.Redis``, or the
+    ``RedisCluster`` in a test's cluster run (see ``topologies``)."""
+    _after_topology(request)
     client = get_client()
-    assert isinstance(client, redis.Redis)
+    assert isinstance(client, redis.Redis | RedisCluster)
     return client
 
 
 @pytest.fixture
-def recorder(r: redis.Redis) -> CommandRecorder:
-    """``with recorder: ...`` then ``recorder.commands`` lists what clients sent."""
+def recorder(r: Any) -> CommandRecorder:
+    """``with recorder: ...`` then ``recorder.commands`` lists what clients sent (to every
+    primary, on a cluster)."""
     return CommandRecorder(r)
 
 

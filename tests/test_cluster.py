@@ -6,6 +6,7 @@ from django.test import override_settings
 from django_redislua import Policy
 from django_redislua.connection import get_client, primary_nodes
 from django_redislua.limiting import evaluate
+from django_redislua.scripts import get_script
 from django_redislua.testing import RedisSentinelServers
 
 pytestmark = pytest.mark.cluster
@@ -82,3 +83,48 @@ def test_locks_on_a_cluster_are_fenced_listed_on_every_primary_and_released(on_c
     permits = Semaphore("exports", limit=2, timeout=30)
     assert permits.acquire(blocking=False) and permits.acquire(blocking=False)
     assert not permits.acquire(blocking=False)
+
+
+def _evalsha_calls(client) -> dict[str, int]:
+    return {name: node.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+            for name, node in primary_nodes(client)}
+
+
+def test_checks_on_several_slots_are_one_call_per_slot_pipelined(on_cluster):
+    """Three identities on three primaries: each primary receives exactly one EVALSHA (one
+    call for its slot), sent in one pipeline; a primary that lost the script (SCRIPT FLUSH
+    on it alone) gets it loaded and its call sent again, and the others are not called twice."""
+    a = Policy("spread", rate="1/m", algorithm="fixed_window")
+    nodes = {name: node for name, node in primary_nodes()}
+    by_node: dict[str, str] = {}
+    for i in range(200):  # bounded: find one identity per primary
+        identity = f"id{i}"
+        node = on_cluster.get_node_from_key(a.redis_key(identity)).name
+        by_node.setdefault(node, identity)
+        if len(by_node) == len(nodes):
+            break
+    identities = list(by_node.values())
+    assert len(identities) == 3
+    for _name, node in primary_nodes():
+        node.script_load(get_script("django_redislua.ratelimit").source)
+        node.config_resetstat()
+    next(iter(nodes.values())).script_flush()  # one primary lost it (a restart, a new node)
+
+    decisions = evaluate([(a, identity, 1) for identity in identities])
+
+    assert [d.allowed for d in decisions] == [True, True, True]
+    calls = _evalsha_calls(on_cluster)
+    flushed = next(iter(nodes))
+    assert calls == {name: (2 if name == flushed else 1) for name in nodes}
+    assert not any(d.allowed for d in evaluate([(a, identity, 1) for identity in identities]))
+
+
+async def test_async_checks_on_several_slots_are_decided_per_slot(on_cluster):
+    from django_redislua.limiting import aevaluate
+
+    a = Policy("aspread", rate="1/m", algorithm="fixed_window")
+    identities = [f"u{i}" for i in range(12)]
+    assert len({on_cluster.keyslot(a.redis_key(i)) for i in identities}) > 3
+    first = await aevaluate([(a, identity, 1) for identity in identities])
+    again = await aevaluate([(a, identity, 1) for identity in identities])
+    assert all(first) and not any(again)

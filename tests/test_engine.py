@@ -23,6 +23,9 @@ ALGORITHMS = [
 O1_ALGORITHMS = ["fixed_window", "sliding_window", "token_bucket", "leaky_bucket", "gcra"]
 WRITES = {"SET", "HSET", "ZADD", "PEXPIRE", "ZREMRANGEBYSCORE", "DEL", "INCR", "INCRBY"}
 
+# Every promise here holds on one server and on the 6-node cluster (tests/conftest.py).
+pytestmark = pytest.mark.topologies
+
 
 def make(algorithm: str, name: str = "api", rate: str = "5/m", **options: object) -> Policy:
     if algorithm == "concurrency":
@@ -257,7 +260,7 @@ def test_cost_takes_several_units(algorithm: str) -> None:
     assert policy.hit("k", cost=2).remaining == 0
 
 
-# -- values cached on the hot path follow the settings ----------------------------------------------
+# -- values cached on the hot path follow the settings ------------------------------------------
 
 def test_a_policy_made_once_follows_a_changed_key_prefix_and_functions_mode(
         r: redis.Redis) -> None:

@@ -1,8 +1,10 @@
 """One script call decides one or more policies: all-or-nothing, one round trip.
 
 On a single server every check goes in one ``EVALSHA``. On a cluster, checks whose keys share a
-slot go together; checks on different slots are decided slot by slot, so all-or-nothing holds
-per slot only (give related policies the same identity to keep them in one slot).
+slot go together; checks on different slots are decided one call per slot, the calls pipelined
+(every node's share is written before any reply is read: one round trip per node, overlapped).
+All-or-nothing holds per slot only (give related policies the same identity to keep them in one
+slot).
 """
 
 from __future__ import annotations
@@ -206,6 +208,11 @@ class _Plan:
                          "1" if gate else "0")
             self.calls.append((keys, args))
 
+    def commands(self, script: Script) -> list[tuple[Any, ...]]:
+        """The script calls to make: one per slot group, sent together (Script.run_all)."""
+        head = script.head()
+        return [(*head, len(keys), *keys, *args) for keys, args in self.calls]
+
     def partly_decided(self, cause: BaseException) -> PartlyDecided:
         """The failure to raise when Redis failed once the gate was already closed."""
         return PartlyDecided([self.known[j] for j in self.index], cause)
@@ -327,9 +334,11 @@ def _evaluate(checks: Sequence[Check], peek: bool, now_us: int | None,
     if client is None:
         client = get_client()
     plan = _Plan(checks, peek, now_us, soft, _on_cluster(checks, client))
+    if not plan.calls:
+        return plan.decisions([])
     script = get_script(SCRIPT)
     try:
-        replies = [script(keys, args, client=client) for keys, args in plan.calls]
+        replies = script.run_all(plan.commands(script), client)
     except CLIENT_ERRORS as exc:
         if plan.gate_closed:  # refused whatever Redis would say: keep what is known
             raise plan.partly_decided(exc) from exc
@@ -390,9 +399,11 @@ async def _aevaluate(checks: Sequence[Check], peek: bool, now_us: int | None,
     if client is None:
         client = get_async_client()
     plan = _Plan(checks, peek, now_us, soft, _on_cluster(checks, client))
+    if not plan.calls:
+        return plan.decisions([])
     script = get_script(SCRIPT)
     try:
-        replies = [await script.acall(keys, args, client=client) for keys, args in plan.calls]
+        replies = await script.arun_all(plan.commands(script), client)
     except CLIENT_ERRORS as exc:
         if plan.gate_closed:
             raise plan.partly_decided(exc) from exc
