@@ -128,3 +128,43 @@ async def test_async_checks_on_several_slots_are_decided_per_slot(on_cluster):
     first = await aevaluate([(a, identity, 1) for identity in identities])
     again = await aevaluate([(a, identity, 1) for identity in identities])
     assert all(first) and not any(again)
+
+
+def test_preload_loads_every_primary_and_every_replica(on_cluster, redis_cluster):
+    """The script cache is not replicated: preload loads the replicas too, so a replica
+    promoted by a failover has the scripts; --check and redislua_status list every node."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("redislua_preload", stdout=out)
+    lines = out.getvalue().splitlines()
+    replicas = []
+    for server in redis_cluster.servers:
+        with server.client() as client:
+            if client.info("replication")["role"] == "slave":
+                replicas.append(server)
+    assert len(replicas) == 3
+    for server in replicas:
+        assert any(f"127.0.0.1:{server.port} (replica of" in line and line.endswith("loaded")
+                   for line in lines), (server.port, lines)
+        with server.client() as client:
+            assert all(client.script_exists(get_script("django_redislua.ratelimit_fw").sha))
+    check = StringIO()
+    call_command("redislua_preload", "--check", stdout=check)  # exit 0: nothing missing
+    assert check.getvalue().count("present") == len(lines)
+    status = StringIO()
+    call_command("redislua_status", "--no-keys", stdout=status)
+    assert status.getvalue().count("(replica of") == len(lines) // 2
+
+
+def test_preload_functions_reports_the_library_on_every_replica(on_cluster):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("redislua_preload", "--functions", stdout=out)
+    rows = [line for line in out.getvalue().splitlines() if "(replica of" in line]
+    assert len(rows) == 3 and all(row.endswith("present") for row in rows)

@@ -1,4 +1,5 @@
-"""``manage.py redislua_preload [--functions] [--check]``: scripts on every primary."""
+"""``manage.py redislua_preload [--functions] [--check]``: scripts on every primary, and
+reported (script cache: loaded too) on every replica."""
 
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         width = max((len(r.name) for r in report), default=4)
         for row in report:
-            style = self.style.ERROR if row.status == "missing" else self.style.SUCCESS
+            style = (self.style.ERROR if row.status == "missing"
+                     else self.style.WARNING if row.status == "unreachable"
+                     else self.style.SUCCESS)
             self.stdout.write(f"{row.node}  {row.name:<{width}}  {row.sha}  {style(row.status)}")
         missing = [r for r in report if r.status == "missing"]
         if missing:
