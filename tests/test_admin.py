@@ -23,7 +23,8 @@ from django_redislua.limiting.policy import ALGORITHMS
 from django_redislua.locks import Lock
 from django_redislua.models import RedisLua
 
-pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.testapp.admin_urls")]
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.testapp.admin_urls"),
+              pytest.mark.topologies]
 
 BASE = "/admin/django_redislua/redislua/"
 KEYS_URL = BASE

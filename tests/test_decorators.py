@@ -15,7 +15,7 @@ from django_redislua.limiting import get_policy
 from django_redislua.signals import rate_limited
 from tests.testapp import ratelimit_views
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.topologies]
 
 
 def warm_up() -> None:

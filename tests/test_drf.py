@@ -26,6 +26,8 @@ from django_redislua.conf import settings as redislua_settings
 from django_redislua.signals import rate_limited
 from django_redislua.testing import CommandRecorder, free_port
 
+pytestmark = pytest.mark.topologies
+
 factory = APIRequestFactory()
 ALICE = User(pk=1, username="alice")
 BOB = User(pk=2, username="bob")

@@ -9,6 +9,8 @@ import pytest
 from django_redislua.headers import rate_limit_headers, retry_after_seconds
 from django_redislua.limiting import Decision, Policy
 
+pytestmark = pytest.mark.topologies
+
 WINDOW = Policy("login", rate="5/m", algorithm="sliding_log")
 BUCKET = Policy("api", rate="100/m", algorithm="gcra", burst=20)
 SLOTS = Policy("export", algorithm="concurrency", limit=2, timeout="10m")

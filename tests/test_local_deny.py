@@ -47,6 +47,8 @@ from django_redislua.limiting.inspect import reset_key
 from django_redislua.signals import rate_limited
 from django_redislua.testing import CommandRecorder
 
+pytestmark = pytest.mark.topologies
+
 ROOT = Path(__file__).resolve().parent.parent
 US = 1_000_000
 HORIZON = denials.HORIZON_US

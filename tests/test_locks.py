@@ -12,6 +12,8 @@ from django_redislua.locks import Lock, LockNotAcquired, LockNotOwned
 from django_redislua.locks.inspect import force_release, scan_locks
 from django_redislua.testing import CommandRecorder
 
+pytestmark = pytest.mark.topologies
+
 
 def test_acquire_release_and_fencing_tokens_grow(r: redis.Redis) -> None:
     tokens = []

@@ -11,6 +11,8 @@ import redis
 from django_redislua.locks import Lock, LockNotOwned, Semaphore, asingle_flight, run_once
 from django_redislua.locks.lock import _background
 
+pytestmark = pytest.mark.topologies
+
 
 async def _settled() -> None:
     """Let background releases started by cancellations finish."""

@@ -21,6 +21,8 @@ from django_redislua.locks import (
     singleton,
 )
 
+pytestmark = pytest.mark.topologies
+
 
 def _together(callers: int, call: Callable[[], Any]) -> list[Any]:
     """Run ``call`` from ``callers`` threads released at the same instant; their results."""

@@ -33,6 +33,8 @@ from django_redislua.locks.keys import keys_for
 from django_redislua.locks.lock import _background
 from django_redislua.testing import RedisServer
 
+pytestmark = pytest.mark.topologies
+
 
 @pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.cluster)])
 def where(request: pytest.FixtureRequest) -> Iterator[str]:

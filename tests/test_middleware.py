@@ -11,7 +11,7 @@ from django_redislua.middleware import RateLimitMiddleware
 from django_redislua.signals import rate_limited
 from tests.settings import MIDDLEWARE, REDISLUA
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.topologies]
 
 POLICIES = {
     **REDISLUA["POLICIES"],  # type: ignore[dict-item]

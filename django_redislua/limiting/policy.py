@@ -101,6 +101,12 @@ class Policy:
             raise PolicyError(
                 "redislua.E004", f"a policy name must be a non-empty string, not {name!r}"
             )
+        if "{" in name or "}" in name:  # it would become its keys' hash tag (cluster slot)
+            raise PolicyError(
+                "redislua.E004",
+                f"policy name {name!r} must not contain braces: on a cluster, {{...}} in a key "
+                "is its hash tag, and a policy's keys are tagged with the identity",
+            )
         if algorithm not in ALGORITHMS:
             raise PolicyError(
                 "redislua.E005",
