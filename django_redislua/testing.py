@@ -533,12 +533,18 @@ class RedisSentinelServers:
     ``requirepass``): deployments often set both, to different values.
 
     ``replicas``: that many replicas of the primary (``replicaof``; ``masterauth`` and
-    ``requirepass`` with ``password``), in sync and known to the sentinel when start() returns,
-    so the sentinel can fail over: ``kill_primary()`` SIGKILLs the current primary,
-    ``wait_for_failover()`` waits until the sentinel names a new one, ``current_primary()`` is
-    the server it names now. With replicas the sentinel is tuned to fail over fast:
-    ``down_after_ms`` (default 1000; the sentinel's own default, 30 s, without replicas) and
-    ``failover_timeout_ms`` (default 5000). ``primary`` stays the server started as primary.
+    ``requirepass`` with ``password``), in sync (each acknowledges the primary's writes) and
+    known to the sentinel when start() returns, so the sentinel can fail over:
+    ``kill_primary()`` SIGKILLs the current primary, ``wait_for_failover()`` waits until the
+    failover is complete, ``current_primary()`` is the server the sentinel names now.
+    ``primary`` stays the server started as primary.
+
+    With replicas the sentinel is tuned to fail over fast: ``down_after_ms`` (default 2000;
+    without replicas the sentinel's own default, 30 s) and ``failover_timeout_ms`` (default
+    5000). Not much lower: after a failover the sentinel reconnects to the new primary at most
+    once a second, so it lists it ``disconnected`` for up to a second; with a down-after of
+    1000 ms it can judge the new primary down and fail over a second time, leaving two
+    primaries until it reconfigures the first (seen on a loaded machine).
     """
 
     def __init__(
@@ -557,7 +563,7 @@ class RedisSentinelServers:
         self.password = password
         self._sentinel_password = sentinel_password
         self.replicas = replicas
-        self.down_after_ms = down_after_ms if down_after_ms is not None or not replicas else 1000
+        self.down_after_ms = down_after_ms if down_after_ms is not None or not replicas else 2000
         self.failover_timeout_ms = (
             failover_timeout_ms if failover_timeout_ms is not None or not replicas else 5000
         )
@@ -671,6 +677,21 @@ class RedisSentinelServers:
                     time.sleep(0.05)
             finally:
                 probe.close()
+        # A replica whose link is up may still not be fed: after a diskless sync the primary
+        # streams to it once it acknowledges (REPLCONF ACK, up to a second later). Wait until
+        # every replica acknowledges a write (set and deleted again: nothing is left).
+        marker = f"redislua:testing:sync:{secrets.token_hex(8)}"
+        probe = _probe_client(self.primary)
+        try:
+            while True:
+                probe.set(marker, 1)
+                probe.delete(marker)
+                if int(probe.execute_command("WAIT", self.replicas, 100)) >= self.replicas:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the replicas do not acknowledge the primary's writes")
+        finally:
+            probe.close()
 
     def _sentinel_knows_replicas(self, probe: redis.Redis) -> bool:
         """Whether the sentinel lists every replica, reachable and in sync: only then can it
@@ -730,21 +751,48 @@ class RedisSentinelServers:
         process.wait(5)
         return server
 
+    def failover_done(self, old: RedisServer) -> RedisServer | None:
+        """The new primary once the failover from ``old`` is complete, else None.
+
+        Complete as clients see it: ``SENTINEL MASTER`` names another server and flags it
+        neither down nor failing over (redis-py's Sentinel client checks exactly that, and
+        finds no primary before: MasterNotFoundError). ``GET-MASTER-ADDR-BY-NAME`` names the
+        promoted replica earlier, while the sentinel still reconfigures the other replicas.
+        """
+        probe = self.sentinel_client(
+            socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+        )
+        try:
+            state: Any = probe.sentinel_master(self.service_name)
+        finally:
+            probe.close()
+        flags = state.get("flags")
+        flags = set(flags.split(",")) if isinstance(flags, str) else set(flags or ())
+        failing = {"s_down", "o_down", "failover_in_progress"}
+        if int(state["port"]) == old.port or "master" not in flags or flags & failing:
+            return None
+        for server in (self.primary, *self.replica_servers):
+            if server.port == int(state["port"]):
+                break
+        else:
+            raise RuntimeError(f"the sentinel names port {state['port']}, not one of ours")
+        server_probe = _probe_client(server)
+        try:
+            if server_probe.info("replication").get("role") != "master":
+                return None
+        finally:
+            server_probe.close()
+        return server
+
     def wait_for_failover(self, old: RedisServer, timeout: float = 30.0) -> RedisServer:
-        """Wait until the sentinel names a primary other than ``old`` and that server says it is
-        a primary (``role:master``); return it. RuntimeError after ``timeout`` seconds."""
+        """Wait until the failover from ``old`` is complete (see failover_done) and return the
+        new primary. RuntimeError after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while True:
             with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
-                _host, port = self.primary_address()
-                if port != old.port:
-                    server = self.current_primary()
-                    probe = _probe_client(server)
-                    try:
-                        if probe.info("replication").get("role") == "master":
-                            return server
-                    finally:
-                        probe.close()
+                server = self.failover_done(old)
+                if server is not None:
+                    return server
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"the sentinel did not fail over from port {old.port} within {timeout}s"
