@@ -22,7 +22,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from django_redislua import conf, metrics
+from django_redislua import metrics
 from django_redislua.connection import (
     CLIENT_ERRORS,
     AsyncClient,
@@ -105,8 +105,8 @@ class _One:
             if self.decision is not None:
                 return
         self.extra = extra = _extra(policy)
-        self.script, head = _single_script(policy.code)
-        self.command = (*head, 1, key, "peek" if peek else "hit", clock.script_now(now_us),
+        self.script = script = _single_script(policy.code)
+        self.command = (*script.head(), 1, key, "peek" if peek else "hit", clock.script_now(now_us),
                         policy.code, policy.limit, policy.param, cost, extra, "1")
 
     def result(self, reply: Sequence[int]) -> Decision:
@@ -122,24 +122,17 @@ class _One:
 # Decision's fields as one tuple, without the Python-level __new__ a named tuple calls.
 _decision = functools.partial(tuple.__new__, Decision)
 
-# (settings generation, {algorithm code: (its script, the script's command head)})
-_single: tuple[int, dict[str, tuple[Script, tuple[str, str]]]] = (-1, {})
+# algorithm code -> the script deciding one check of it (see SCRIPT_ONE); scripts are discovered
+# once, so this never goes stale (their command heads follow the settings: Script.head).
+_single: dict[str, Script] = {}
 
 
-def _single_script(code: str) -> tuple[Script, tuple[str, str]]:
-    """The script deciding one check of algorithm ``code`` (see SCRIPT_ONE) and its command
-    head, found once per settings."""
-    global _single
-    generation, found = _single
-    if generation != conf.generation:
-        found = {}
-        _single = (conf.generation, found)
+def _single_script(code: str) -> Script:
     try:
-        return found[code]
+        return _single[code]
     except KeyError:
-        script = get_script(SCRIPT_ONE[code])
-        found[code] = pair = (script, script.head())
-        return pair
+        script = _single[code] = get_script(SCRIPT_ONE[code])
+        return script
 
 
 class _Plan:
