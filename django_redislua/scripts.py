@@ -170,14 +170,11 @@ class Script:
         client = client or get_client()
         try:
             replies = self._pipelined(client, commands)
-            missing = [i for i, reply in enumerate(replies) if self._missing(reply)]
+            missing, load = self._reload(replies)
             if missing:
-                load = self._load_command(replies[missing[0]])
-                assert load is not None  # _missing holds for exactly what _load_command loads
                 cast(Any, client).execute_command(*load)  # a cluster: on every node
                 again = self._pipelined(client, [commands[i] for i in missing])
-                for i, reply in zip(missing, again, strict=True):
-                    replies[i] = reply
+                return self._raised(replies, missing, again)
             return self._raised(replies)
         except CLIENT_ERRORS:
             metrics.redis_error(self.name)
@@ -192,14 +189,11 @@ class Script:
         client = client or get_async_client()
         try:
             replies = await self._apipelined(client, commands)
-            missing = [i for i, reply in enumerate(replies) if self._missing(reply)]
+            missing, load = self._reload(replies)
             if missing:
-                load = self._load_command(replies[missing[0]])
-                assert load is not None
                 await client.execute_command(*load)
                 again = await self._apipelined(client, [commands[i] for i in missing])
-                for i, reply in zip(missing, again, strict=True):
-                    replies[i] = reply
+                return self._raised(replies, missing, again)
             return self._raised(replies)
         except CLIENT_ERRORS:
             metrics.redis_error(self.name)
@@ -220,8 +214,22 @@ class Script:
             pipe.execute_command(*command)
         return list(await pipe.execute(raise_on_error=False))
 
+    def _reload(self, replies: list[Any]) -> tuple[list[int], tuple[Any, ...]]:
+        """The calls of a pipeline that found the script missing, and what loads it."""
+        missing = [i for i, reply in enumerate(replies) if self._missing(reply)]
+        if not missing:
+            return [], ()
+        load = self._load_command(replies[missing[0]])
+        assert load is not None  # _missing holds for exactly what _load_command loads
+        return missing, load
+
     @staticmethod
-    def _raised(replies: list[Any]) -> list[Any]:
+    def _raised(replies: list[Any], resent: Sequence[int] = (),
+                again: Sequence[Any] = ()) -> list[Any]:
+        """``replies``, those of the ``resent`` calls replaced by ``again``; the first error
+        among them raised."""
+        for i, reply in zip(resent, again, strict=True):
+            replies[i] = reply
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
