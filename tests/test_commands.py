@@ -170,3 +170,32 @@ def test_preload_loads_every_primary_of_a_cluster(redis_cluster):
             server.client().script_flush()
         with pytest.raises(CommandError, match="missing"):
             run("redislua_preload", "--check")
+
+
+def test_preload_reaches_a_password_protected_replica_and_reports_an_unreachable_one():
+    """Replicas are reached with the primary's credentials; a replica announcing an address
+    this machine cannot reach is reported "unreachable", and the load still succeeds."""
+    import time
+
+    from django_redislua.testing import RedisServer
+
+    password = "repl s3cret"
+    with RedisServer(password=password) as primary, \
+            RedisServer(password=password, extra_args=(
+                "--replicaof", "127.0.0.1", str(primary.port), "--masterauth", password)), \
+            RedisServer(password=password, extra_args=(
+                "--replicaof", "127.0.0.1", str(primary.port), "--masterauth", password,
+                "--replica-announce-ip", "192.0.2.1")):  # TEST-NET-1: nothing answers
+        with primary.client() as client:
+            deadline = time.monotonic() + 10
+            while client.info("replication")["connected_slaves"] < 2:
+                assert time.monotonic() < deadline, "the replicas did not connect"
+                time.sleep(0.05)
+        url = f"redis://:{password.replace(' ', '%20')}@127.0.0.1:{primary.port}/0"
+        with override_settings(REDISLUA={"CONNECTION": url, "SOCKET_CONNECT_TIMEOUT": 0.5}):
+            out = run("redislua_preload").splitlines()
+            reachable = [line for line in out if "(replica of" in line and "127.0.0.1:" in
+                         line.split()[0] and line.endswith("loaded")]
+            unreachable = [line for line in out if line.startswith("192.0.2.1:")]
+            assert len(reachable) == len(registry.all())
+            assert len(unreachable) == 1 and unreachable[0].endswith("unreachable")
