@@ -332,13 +332,46 @@ def _cache_sync_client(endpoint: Endpoint) -> redis.Redis | None:
     return client
 
 
+def _function_keys(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The keys of ``FCALL``/``FCALL_RO function numkeys key... arg...``, None for any other
+    command."""
+    if len(args) < 3 or str(args[0]).upper() not in ("FCALL", "FCALL_RO"):
+        return None
+    return tuple(args[3 : 3 + int(args[2])])
+
+
+# redis-py's cluster clients find EVALSHA's keys locally but FCALL's by sending COMMAND GETKEYS
+# to the client's default node, once per call: a second round trip on every decision, and
+# after that node dies, an error before redis-py's own recovery runs, so with USE_FUNCTIONS
+# every call failed for as long as the process lived. These parsers read FCALL's keys from
+# the command, as redis-py does for EVALSHA; pipelines share their client's parser.
+class _SyncClusterKeys(redis.cluster.CommandsParser):
+    def __init__(self, parser: redis.cluster.CommandsParser) -> None:
+        # Takes over what ``parser`` learned from COMMAND instead of asking the server again.
+        vars(self).update(vars(parser))
+
+    def get_keys(self, redis_conn: Any, *args: Any) -> Any:
+        keys = _function_keys(args)
+        return super().get_keys(redis_conn, *args) if keys is None else keys
+
+
+class _AsyncClusterKeys(redis.asyncio.cluster.AsyncCommandsParser):
+    __slots__ = ()
+
+    async def get_keys(self, *args: Any) -> Any:
+        keys = _function_keys(args)
+        return await super().get_keys(*args) if keys is None else keys
+
+
 def _build_sync(endpoint: Endpoint) -> SyncClient:
     if endpoint.cache_alias is not None and endpoint.kind == "single":
         reused = _cache_sync_client(endpoint)
         if reused is not None:
             return reused
     if endpoint.kind == "cluster":
-        return redis.cluster.RedisCluster.from_url(endpoint.url, **endpoint.options)
+        cluster = redis.cluster.RedisCluster.from_url(endpoint.url, **endpoint.options)
+        cluster.commands_parser = _SyncClusterKeys(cluster.commands_parser)
+        return cluster
     if endpoint.kind == "sentinel":
         sentinel = redis.sentinel.Sentinel(
             list(endpoint.sentinels), sentinel_kwargs=endpoint.sentinel_options,
@@ -351,7 +384,10 @@ def _build_sync(endpoint: Endpoint) -> SyncClient:
 
 def _build_async(endpoint: Endpoint) -> AsyncClient:
     if endpoint.kind == "cluster":
-        return redis.asyncio.cluster.RedisCluster.from_url(endpoint.url, **endpoint.options)
+        async_cluster = redis.asyncio.cluster.RedisCluster.from_url(
+            endpoint.url, **endpoint.options)
+        async_cluster.commands_parser = _AsyncClusterKeys()
+        return async_cluster
     if endpoint.kind == "sentinel":
         sentinel = redis.asyncio.sentinel.Sentinel(
             list(endpoint.sentinels), sentinel_kwargs=endpoint.sentinel_options,

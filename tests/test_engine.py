@@ -21,6 +21,11 @@ ALGORITHMS = [
     "concurrency",
 ]
 O1_ALGORITHMS = ["fixed_window", "sliding_window", "token_bucket", "leaky_bucket", "gcra"]
+# What the scripts themselves call (INFO commandstats counts these too).
+LUA_CALLS = {"TIME", "GET", "SET", "MGET", "HGET", "HMGET", "HSET", "HINCRBY", "ZADD", "ZCARD",
+             "ZRANGE", "ZREMRANGEBYSCORE", "ZREM", "PEXPIRE", "INCR", "INCRBY", "DEL", "EXPIRE",
+             "PTTL", "ZSCORE", "EXISTS", "PEXPIREAT", "ZCOUNT", "HGETALL", "HDEL", "SETEX", "PSETEX",
+             "ZRANGEBYSCORE", "DECRBY", "HMSET", "ZREVRANGE", "ZPOPMIN"}
 WRITES = {"SET", "HSET", "ZADD", "PEXPIRE", "ZREMRANGEBYSCORE", "DEL", "INCR", "INCRBY"}
 
 # Every promise here holds on one server and on the 6-node cluster (tests/conftest.py).
@@ -280,6 +285,49 @@ def test_a_policy_made_once_follows_a_changed_key_prefix_and_functions_mode(
         assert r.exists(policy.redis_key("k"))
     assert policy.redis_key("k").startswith("rl:")
     assert policy.hit("k").remaining == 3
+
+
+def test_as_functions_a_decision_is_one_fcall_per_slot_and_nothing_else(r: redis.Redis) -> None:
+    """On a cluster redis-py asks the default node for FCALL's keys (COMMAND GETKEYS) before
+    every call; the app's cluster clients read them from the command instead. MONITOR does not
+    show COMMAND, so the servers' own command counts are compared."""
+    from django.test import override_settings
+    from redis.crc import key_slot
+
+    from django_redislua.connection import primary_nodes
+    from tests.settings import REDISLUA
+
+    policies = [make(a, name=f"f{i}") for i, a in enumerate(ALGORITHMS)]
+
+    def counts() -> dict[str, int]:
+        total: dict[str, int] = {}
+        for _name, node in primary_nodes(r):
+            for command, stats in node.info("commandstats").items():
+                total[command] = total.get(command, 0) + int(stats["calls"])
+        return total
+
+    async def twins() -> dict[str, int]:
+        await aevaluate([(p, "awarm", 1) for p in policies])  # this loop's client connects
+        before = counts()
+        await policies[1].ahit("k")
+        await aevaluate([(p, "k", 1) for p in policies])
+        after = counts()
+        return {c: n - before.get(c, 0) for c, n in after.items() if n != before.get(c, 0)}
+
+    with override_settings(REDISLUA={**REDISLUA, "USE_FUNCTIONS": True}):
+        evaluate([(p, "warm", 1) for p in policies])  # loads the library where it is missing
+        before = counts()
+        policies[0].hit("k")
+        evaluate([(p, "k", 1) for p in policies])
+        after = counts()
+        sent = {c: n - before.get(c, 0) for c, n in after.items() if n != before.get(c, 0)}
+        asent = asyncio.run(twins())
+    slots = len({key_slot(policy.redis_key("k").encode()) for policy in policies})
+    for delta in (sent, asent):
+        # INFO is this test's; REPLCONF, replicas acknowledging replication
+        called = set(delta) - {"cmdstat_info", "cmdstat_replconf"}
+        assert called <= {"cmdstat_fcall"} | {f"cmdstat_{c.lower()}" for c in LUA_CALLS}, delta
+        assert 2 <= delta["cmdstat_fcall"] <= 1 + slots  # one FCALL per slot, at most
 
 
 def test_a_decision_is_immutable() -> None:

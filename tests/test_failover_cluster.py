@@ -10,7 +10,8 @@ topology. A primary is failed over while threads keep deciding:
   Afterwards the killed node is started again and rejoins as a replica.
 
 The failed primary is either the cluster client's *default node* (redis-py sends keyless
-questions there, such as ``COMMAND GETKEYS`` for ``FCALL``) or another primary. Calls go by
+questions there; it would send ``COMMAND GETKEYS`` for every ``FCALL`` too, had the app's
+cluster clients not read FCALL's keys themselves) or another primary. Calls go by
 the script cache (``EVALSHA``) or as Functions (``USE_FUNCTIONS``: ``FCALL``).
 
 The traffic, on identities and lock names in the failing primary's slots and in other slots:
@@ -42,10 +43,8 @@ What a failover showed (Redis 7.0.15, redis-py 8.1):
 * Redis 7 does not replicate the script cache. The replica has none of the scripts; on the
   new primary the first calls get NOSCRIPT, and the script is loaded again and the call
   retried. A Functions library is data, so it is replicated and is on the replica already.
-* Three defects, each marked ``xfail(strict=True)`` with its diagnosis (FCALL_DEFAULT_NODE,
-  REPLICATED_LOCK_ROUTING and NODES_RACE below):
-  - With USE_FUNCTIONS, killing the primary that is the cluster client's default node (the
-    owner of slot 0) leaves every decision and lock failing for as long as the process lives.
+* Two defects, each marked ``xfail(strict=True)`` with its diagnosis (REPLICATED_LOCK_ROUTING
+  and NODES_RACE below):
   - A ``Lock(replicas=N)`` whose primary failed over is never granted again, unless other
     traffic refreshes the client's slot table.
   - Under load, redis-py can raise ``RuntimeError`` while it refreshes its topology. That
@@ -113,16 +112,6 @@ SCRIPTS_USED = (
     "django_redislua.lock_release",
 )
 
-FCALL_DEFAULT_NODE = (
-    "With USE_FUNCTIONS on a cluster, Script.run (django_redislua/scripts.py) sends "
-    "('FCALL', name, numkeys, key, ...) through RedisCluster.execute_command. redis-py's "
-    "RedisCluster.determine_slot special-cases only EVAL/EVALSHA. It finds FCALL's keys with "
-    "_get_command_keys, which sends COMMAND GETKEYS to the client's default node. When the "
-    "killed primary is that node, every FCALL fails there with ConnectionError, before "
-    "_execute_command. So the nodes manager is never re-initialized and the default node "
-    "never replaced. All decisions and lock calls then fail for as long as the process lives "
-    "(FAIL_OPEN admits everything), long after the replica took over."
-)
 NODES_RACE = (
     "redis-py 8.1's NodesManager.move_node_to_end_of_cached_nodes (redis/cluster.py), which "
     "every ConnectionError in RedisCluster._execute_command calls, pops and re-inserts entries "
@@ -594,9 +583,9 @@ CASES = [
     pytest.param("graceful", "functions", "default", id="graceful-functions-default_node"),
     pytest.param("kill", "evalsha", "default", id="kill-evalsha-default_node"),
     pytest.param("kill", "functions", "other", id="kill-functions-other_node"),
-    pytest.param("kill", "functions", "default", id="kill-functions-default_node",
-                 marks=pytest.mark.xfail(strict=True, raises=AssertionError,
-                                         reason=FCALL_DEFAULT_NODE)),
+    # With USE_FUNCTIONS this once left every call failing for the life of the process: redis-py
+    # asked the dead default node for FCALL's keys (COMMAND GETKEYS) before its own recovery.
+    pytest.param("kill", "functions", "default", id="kill-functions-default_node"),
 ]
 
 
