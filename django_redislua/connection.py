@@ -31,6 +31,7 @@ import redis.sentinel
 from asgiref.sync import AsyncToSync
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
+from redis._parsers import AsyncCommandsParser, CommandsParser
 
 from django_redislua.conf import on_change, settings
 
@@ -345,17 +346,17 @@ def _function_keys(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
 # after that node dies, an error before redis-py's own recovery runs, so with USE_FUNCTIONS
 # every call failed for as long as the process lived. These parsers read FCALL's keys from
 # the command, as redis-py does for EVALSHA; pipelines share their client's parser.
-class _SyncClusterKeys(redis.cluster.CommandsParser):
-    def __init__(self, parser: redis.cluster.CommandsParser) -> None:
+class _SyncClusterKeys(CommandsParser):
+    def __init__(self, parser: CommandsParser) -> None:
         # Takes over what ``parser`` learned from COMMAND instead of asking the server again.
-        vars(self).update(vars(parser))
+        self.__dict__.update(parser.__dict__)
 
     def get_keys(self, redis_conn: Any, *args: Any) -> Any:
         keys = _function_keys(args)
-        return super().get_keys(redis_conn, *args) if keys is None else keys
+        return super().get_keys(redis_conn, *args) if keys is None else keys  # type: ignore[no-untyped-call]
 
 
-class _AsyncClusterKeys(redis.asyncio.cluster.AsyncCommandsParser):
+class _AsyncClusterKeys(AsyncCommandsParser):
     __slots__ = ()
 
     async def get_keys(self, *args: Any) -> Any:

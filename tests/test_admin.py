@@ -14,9 +14,11 @@ from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
 from django.test import Client
+from redis.cluster import RedisCluster
 
 from django_redislua import get_policy
 from django_redislua.admin import _readable, duration, relative
+from django_redislua.connection import primary_nodes
 from django_redislua.limiting import inspect
 from django_redislua.limiting.inspect import PACKED
 from django_redislua.limiting.policy import ALGORITHMS
@@ -207,7 +209,7 @@ def test_reset_post_without_csrf_token_is_refused(
 
 # -- what the page shows -----------------------------------------------------------------------
 def test_empty_redis(login_as: Callable[..., Client], r: redis.Redis) -> None:
-    assert r.dbsize() == 0
+    assert keys_in(r) == 0
     client = login_as("view_redislua")
     response = client.get(KEYS_URL)
     assert response.status_code == 200
@@ -419,22 +421,45 @@ def test_no_locks(login_as: Callable[..., Client]) -> None:
 NOISE = 100_000
 OURS = 300
 _FILL = """
-for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do
-  redis.call('SET', 'other:' .. i, 'x')
+for i = tonumber(ARGV[2]), tonumber(ARGV[3]) do
+  redis.call('SET', ARGV[1] .. i, 'x')
 end
 return 1
 """
 
 
+def keys_in(r: Any) -> int:
+    """Every primary's key count (a cluster client's DBSIZE asks one node)."""
+    return sum(node.dbsize() for _name, node in primary_nodes(r))
+
+
+def fill(r: Any, count: int) -> None:
+    """``count`` keys no policy owns, written server-side 10,000 at a time; on a cluster an
+    equal share on every primary, each share under a hash tag that primary serves (a script
+    may only touch its own node's keys)."""
+    if not isinstance(r, RedisCluster):
+        for start in range(0, count, 10_000):
+            r.eval(_FILL, 0, "other:", start, min(count, start + 10_000) - 1)
+        return
+    primaries = r.get_primaries()
+    share = -(-count // len(primaries))
+    for n, node in enumerate(primaries):
+        tag = next(str(t) for t in range(10_000)
+                   if r.get_node_from_key(f"{{{t}}}").name == node.name)
+        conn = r.get_redis_connection(node)
+        stop = min(count, (n + 1) * share)
+        for start in range(n * share, stop, 10_000):
+            conn.eval(_FILL, 0, f"other:{{{tag}}}:", start, min(stop, start + 10_000) - 1)
+
+
 def test_paging_with_100k_keys_present(
     login_as: Callable[..., Client], r: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for start in range(0, NOISE, 10_000):  # 10 server-side batches
-        r.eval(_FILL, 0, start, start + 9_999)
+    fill(r, NOISE)
     api = get_policy("login")  # sliding_log 5/m: keys live a minute
     for i in range(OURS):
         api.hit(f"user:{i}")
-    assert r.dbsize() == NOISE + OURS
+    assert keys_in(r) == NOISE + OURS
 
     client = login_as("view_redislua")
     seen: set[str] = set()
@@ -487,8 +512,7 @@ def test_paging_with_100k_keys_present(
 def test_scan_is_bounded_and_never_uses_keys(
     login_as: Callable[..., Client], r: redis.Redis, recorder: Any
 ) -> None:
-    for start in range(0, 20_000, 10_000):
-        r.eval(_FILL, 0, start, start + 9_999)
+    fill(r, 20_000)
     client = login_as("view_redislua")
     with recorder:
         client.get(KEYS_URL)
@@ -508,8 +532,9 @@ def test_scripts_page_shows_the_functions_library_per_node(
     client = login_as("view_redislua")
     lib_name = registry.library()[0]
     before = client.get(SCRIPTS_URL)
-    assert [node.functions for node in before.context["nodes"]] == ["not loaded"]
+    primaries = len(primary_nodes(r))
+    assert [node.functions for node in before.context["nodes"]] == ["not loaded"] * primaries
     assert lib_name in before.content.decode()
     call_command("redislua_preload", "--functions", stdout=StringIO())
     after = client.get(SCRIPTS_URL)
-    assert [node.functions for node in after.context["nodes"]] == ["loaded"]
+    assert [node.functions for node in after.context["nodes"]] == ["loaded"] * primaries

@@ -172,7 +172,7 @@ def test_stacked_is_one_evalsha_and_all_or_nothing(client: Client, r, recorder) 
     assert recorder.commands == ["EVALSHA"]
     assert codes(client, "/rl/stacked/", 2) == [200, 429]  # the 2/m policy denies the 3rd
     # All-or-nothing: the denied request consumed nothing from the 5/m and search policies.
-    wide = [k for k in r.keys("rl:stack-wide:*") if b"127.0.0.1" in k]
+    wide = [k for k in r.scan_iter("rl:stack-wide:*") if b"127.0.0.1" in k]
     assert len(wide) == 1
     header = response["RateLimit-Policy"]
     assert '"stack-wide";q=5;w=60' in header and '"stack-narrow";q=2' in header
@@ -197,7 +197,7 @@ def test_stacked_through_other_decorator_is_one_evalsha(client: Client, recorder
 def test_concurrency_slot_released_after_response(client: Client, r) -> None:  # type: ignore[no-untyped-def]
     # limit=1: without the release after each response, the second request would be denied.
     assert codes(client, "/rl/concurrency/", 5) == [200] * 5
-    assert all(r.zcard(k) == 0 for k in r.keys("rl:slot:*"))
+    assert all(r.zcard(k) == 0 for k in r.scan_iter("rl:slot:*"))
 
 
 def test_concurrency_slot_released_after_streaming(client: Client, r) -> None:  # type: ignore[no-untyped-def]
@@ -208,7 +208,7 @@ def test_concurrency_slot_released_after_streaming(client: Client, r) -> None:  
         assert b"".join(response.streaming_content) == b"chunk"  # type: ignore[attr-defined]
         response.close()
     assert ratelimit_views.SLOT_SEEN == [0, 0, 0]  # held while the body was being sent
-    assert all(r.zcard(k) == 0 for k in r.keys("rl:slot-stream:*"))
+    assert all(r.zcard(k) == 0 for k in r.scan_iter("rl:slot-stream:*"))
 
 
 # -- class-based views --------------------------------------------------------------------------

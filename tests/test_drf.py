@@ -210,7 +210,7 @@ def test_a_timer_override_is_the_time_written_to_redis(clock: Clock, r: redis.Re
     clock.install(throttle)
     clock.now = 1_234.5
     call(view_with(throttle), user=ALICE)
-    (key,) = r.keys("rl:user:sl:*")
+    (key,) = r.scan_iter("rl:user:sl:*")
     assert key == b"rl:user:sl:{throttle_user_1}"
     assert [score for _, score in r.zrange(key, 0, -1, withscores=True)] == [1_234_500_000.0]
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, cast
+
 import pytest
 from django.test import AsyncClient, Client, override_settings
 
@@ -12,6 +17,8 @@ from django_redislua.signals import rate_limited
 from tests.settings import MIDDLEWARE, REDISLUA
 
 pytestmark = [pytest.mark.django_db, pytest.mark.topologies]
+P = ParamSpec("P")
+R = TypeVar("R")
 
 POLICIES = {
     **REDISLUA["POLICIES"],  # type: ignore[dict-item]
@@ -24,10 +31,29 @@ RULES = [
     {"path": "/rl/api/", "policy": "mw-wide"},
     {"name": "rl-named", "policy": "mw-name"},
 ]
-with_middleware = override_settings(
-    MIDDLEWARE=[*MIDDLEWARE, "django_redislua.middleware.RateLimitMiddleware"],
-    REDISLUA={**REDISLUA, "POLICIES": POLICIES, "MIDDLEWARE_POLICIES": RULES},
-)
+
+
+def with_middleware(test: Callable[P, R]) -> Callable[P, R]:
+    """The test, with the middleware and its rules installed when it runs: the settings are
+    read then, so a cluster run's CONNECTION (tests/conftest.py) is the one kept."""
+    def installed() -> override_settings:
+        return override_settings(
+            MIDDLEWARE=[*MIDDLEWARE, "django_redislua.middleware.RateLimitMiddleware"],
+            REDISLUA={**REDISLUA, "POLICIES": POLICIES, "MIDDLEWARE_POLICIES": RULES},
+        )
+
+    if inspect.iscoroutinefunction(test):
+        @functools.wraps(test)
+        async def arun(*args: P.args, **kwargs: P.kwargs) -> Any:
+            with installed():
+                return await test(*args, **kwargs)  # type: ignore[misc]
+        return cast(Callable[P, R], arun)
+
+    @functools.wraps(test)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with installed():
+            return test(*args, **kwargs)
+    return run
 
 
 def codes(client: Client, url: str, n: int, method: str = "get") -> list[int]:
