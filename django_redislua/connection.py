@@ -364,6 +364,25 @@ class _AsyncClusterKeys(AsyncCommandsParser):
         return await super().get_keys(*args) if keys is None else keys
 
 
+def _lock_node_moves(manager: redis.cluster.NodesManager) -> None:
+    """Makes the cluster client's reordering of its nodes take the lock its readers take.
+
+    On every ConnectionError redis-py 8 moves the failed node to the end of ``nodes_cache``
+    (``move_node_to_end_of_cached_nodes``) without ``NodesManager._lock``, which its own comment
+    says guards that dict. A thread listing the primaries at that moment (choosing a new
+    default node, as every thread does when a primary dies) raised RuntimeError, an error no
+    FAIL_OPEN guard expects: a 500 in the middle of a failover. Taken under the lock, the move
+    waits for the reader instead."""
+    move = manager.move_node_to_end_of_cached_nodes
+    lock = manager._lock
+
+    def move_locked(node_name: str) -> None:
+        with lock:
+            move(node_name)
+
+    manager.move_node_to_end_of_cached_nodes = move_locked  # type: ignore[method-assign]
+
+
 def _build_sync(endpoint: Endpoint) -> SyncClient:
     if endpoint.cache_alias is not None and endpoint.kind == "single":
         reused = _cache_sync_client(endpoint)
@@ -372,6 +391,7 @@ def _build_sync(endpoint: Endpoint) -> SyncClient:
     if endpoint.kind == "cluster":
         cluster = redis.cluster.RedisCluster.from_url(endpoint.url, **endpoint.options)
         cluster.commands_parser = _SyncClusterKeys(cluster.commands_parser)
+        _lock_node_moves(cluster.nodes_manager)
         return cluster
     if endpoint.kind == "sentinel":
         sentinel = redis.sentinel.Sentinel(

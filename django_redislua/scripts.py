@@ -15,6 +15,7 @@ scripts are called as Redis 7 Functions (``FCALL``) from one versioned library i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import threading
@@ -26,7 +27,7 @@ import redis
 import redis.asyncio.cluster
 from django.apps import apps
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import MovedError, NoScriptError, ResponseError
 
 from django_redislua import conf, metrics
 from django_redislua.conf import settings
@@ -267,25 +268,63 @@ class Script:
         """Call the script, then ``WAIT replicas timeout_ms`` on the same connection (WAIT
         counts the writes of its own connection), pipelined: one round trip. Returns the
         script's reply and how many replicas acknowledged its writes. A script the server
-        lacks is loaded and the pair sent again, once."""
+        lacks is loaded and the pair sent again, once.
+
+        On a cluster the pair goes to the primary the client's slot table names for the keys.
+        That table goes stale when a primary fails over, and nothing else would refresh it
+        for a lock that is all the traffic: a MOVED reply updates the table and the pair is
+        sent once more, to the new owner; a connection error refreshes the table before it
+        is raised, so the next call finds the replica that took over."""
         try:
             client = get_client()
-            if isinstance(client, RedisCluster):  # the node that owns the keys' slot
-                client = client.get_redis_connection(client.get_node_from_key(keys[0]))
-            pipe = client.pipeline(transaction=False)
-            self._queue(pipe, keys, args, replicas, timeout_ms)
-            reply, acked = pipe.execute(raise_on_error=False)
-            if self._missing(reply):
-                if settings.USE_FUNCTIONS:
-                    client.function_load(registry.library()[1], replace=True)
-                else:
-                    client.script_load(self.source)
-                self._queue(pipe, keys, args, replicas, timeout_ms)
-                reply, acked = pipe.execute(raise_on_error=False)
-            return self._replicated(reply, acked)
+            cluster = client if isinstance(client, RedisCluster) else None
+            reply = self._send_replicated(self._owner(client, keys), keys, args, replicas,
+                                          timeout_ms, cluster)
+            if isinstance(reply, MovedError) and cluster is not None:
+                cluster.nodes_manager.initialize(
+                    additional_startup_nodes_info=[(reply.host, reply.port)])
+                reply = self._send_replicated(self._owner(cluster, keys), keys, args, replicas,
+                                              timeout_ms, cluster)
+            if isinstance(reply, MovedError):
+                raise reply
+            return reply
         except CLIENT_ERRORS:
             metrics.redis_error(self.name)
             raise
+
+    @staticmethod
+    def _owner(client: SyncClient, keys: Sequence[KeyArg]) -> redis.Redis:
+        """The server that holds ``keys``: ``client`` itself, or on a cluster the primary its
+        slot table names."""
+        if isinstance(client, RedisCluster):
+            return client.get_redis_connection(client.get_node_from_key(keys[0]))
+        return client
+
+    def _send_replicated(self, client: redis.Redis, keys: Sequence[KeyArg], args: Sequence[Arg],
+                         replicas: int, timeout_ms: int,
+                         cluster: RedisCluster | None) -> tuple[Any, int] | MovedError:
+        """:meth:`call_replicated` on one server: ``(reply, acked)``, or the MovedError a
+        cluster node answered instead. A connection error refreshes ``cluster``'s slot table
+        before it is raised."""
+        pipe = client.pipeline(transaction=False)
+        self._queue(pipe, keys, args, replicas, timeout_ms)
+        try:
+            reply, acked = pipe.execute(raise_on_error=False)
+        except CLIENT_ERRORS:
+            if cluster is not None:
+                with contextlib.suppress(*CLIENT_ERRORS):
+                    cluster.nodes_manager.initialize()
+            raise
+        if isinstance(reply, MovedError):
+            return reply
+        if self._missing(reply):
+            if settings.USE_FUNCTIONS:
+                client.function_load(registry.library()[1], replace=True)
+            else:
+                client.script_load(self.source)
+            self._queue(pipe, keys, args, replicas, timeout_ms)
+            reply, acked = pipe.execute(raise_on_error=False)
+        return self._replicated(reply, acked)
 
     async def acall_replicated(self, keys: Sequence[KeyArg], args: Sequence[Arg], replicas: int,
                                timeout_ms: int) -> tuple[Any, int]:

@@ -43,14 +43,16 @@ What a failover showed (Redis 7.0.15, redis-py 8.1):
 * Redis 7 does not replicate the script cache. The replica has none of the scripts; on the
   new primary the first calls get NOSCRIPT, and the script is loaded again and the call
   retried. A Functions library is data, so it is replicated and is on the replica already.
-* Two defects, each marked ``xfail(strict=True)`` with its diagnosis (REPLICATED_LOCK_ROUTING
-  and NODES_RACE below):
-  - A ``Lock(replicas=N)`` whose primary failed over is never granted again, unless other
-    traffic refreshes the client's slot table.
-  - Under load, redis-py can raise ``RuntimeError`` while it refreshes its topology. That
-    error reaches a view, because the FAIL_OPEN guard contains client errors only. The
-    failover test counts this one race (redis_py_nodes_race) instead of failing on it, and
-    fails on every other escape.
+* Under load, redis-py 8.1 raised ``RuntimeError`` now and then while it refreshed its
+  topology (its NodesManager reorders ``nodes_cache`` without the lock its readers hold), and
+  no FAIL_OPEN guard expects that error. The app's cluster clients take that lock for the
+  reordering; test_a_view_answers_when_the_cluster_client_breaks_during_a_failover forces
+  the interleaving.
+* A ``Lock(replicas=N)`` sends its script and WAIT straight to the primary the client's slot
+  table names, so nothing refreshed that table when the lock was all the traffic, and the
+  lock was never granted again after its primary failed over. A MOVED reply or a connection
+  error there now refreshes the table
+  (test_a_replicated_lock_alone_is_granted_again_after_its_primary_fails_over).
 
 Every loop is bounded in count and in time. ``-s`` prints the measured figures.
 """
@@ -58,6 +60,7 @@ Every loop is bounded in count and in time. ``-s`` prints the measured figures.
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import threading
 import time
@@ -66,7 +69,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,27 +114,6 @@ SCRIPTS_USED = (
     "django_redislua.lock_release",
 )
 
-NODES_RACE = (
-    "redis-py 8.1's NodesManager.move_node_to_end_of_cached_nodes (redis/cluster.py), which "
-    "every ConnectionError in RedisCluster._execute_command calls, pops and re-inserts entries "
-    "of nodes_cache and startup_nodes without taking NodesManager._lock. Its own comment says "
-    "that lock protects them. Another thread iterating nodes_cache at that moment "
-    "(get_nodes_by_server_type, from replace_default_node or initialize) raises RuntimeError: "
-    "dictionary keys changed during iteration. It happens under load when a failed primary is "
-    "the default node. django_redislua contains only connection.CLIENT_ERRORS. So the error "
-    "escapes request_layer.decide (a 500 instead of FAIL_OPEN), the DRF throttles, Lock "
-    "methods (instead of LockUnavailable) and Lock._withdraw_quietly's daemon thread (an "
-    "unhandled thread exception)."
-)
-REPLICATED_LOCK_ROUTING = (
-    "Script.call_replicated (django_redislua/scripts.py) sends the script and WAIT over "
-    "client.get_redis_connection(client.get_node_from_key(key)), a plain connection chosen "
-    "from the cluster client's cached slot table. A MOVED reply (or a ConnectionError) there "
-    "becomes LockUnavailable, and the slot table is never updated (no move_slot, no "
-    "initialize). So Lock(replicas=N) keeps asking the old primary and fails after a "
-    "failover, until some other command through the cluster client happens to refresh the "
-    "table."
-)
 
 
 # -- the views under test (this module is the URLconf) -------------------------------------------
@@ -406,17 +387,6 @@ class Records:
     stray: list[BaseException] = field(default_factory=list)  # a worker itself failed
 
 
-def redis_py_nodes_race(exc: BaseException | None) -> bool:
-    """The redis-py race of NODES_RACE (pinned by
-    test_a_view_answers_when_the_cluster_client_breaks_during_a_failover, which forces it).
-    It shows up under load now and then. The failover test counts and reports it instead of
-    failing on it; every other escape fails the test. Remove this once that test passes."""
-    if not isinstance(exc, RuntimeError) or "changed during iteration" not in str(exc):
-        return False
-    frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and Path(frames[-1].filename).match("redis/cluster.py")
-
-
 @contextlib.contextmanager
 def thread_exceptions() -> Iterator[list[BaseException]]:
     """Exceptions that end threads started meanwhile (the library's lock withdrawal threads),
@@ -492,11 +462,6 @@ def lock_step(records: Records, lock: Lock, group: str, rng: random.Random) -> N
     except LockUnavailable as exc:
         records.tries.append(Try(group, sent, time.monotonic(), "unavailable", str(exc)[:200]))
         return
-    except RuntimeError as exc:
-        if not redis_py_nodes_race(exc):
-            raise
-        records.tries.append(Try(group, sent, time.monotonic(), "redis-py race", str(exc)))
-        return
     returned = time.monotonic()
     records.tries.append(Try(group, sent, returned, "acquired" if acquired else "timeout"))
     if not acquired:
@@ -513,10 +478,6 @@ def lock_step(records: Records, lock: Lock, group: str, rng: random.Random) -> N
         hold.release = type(exc).__name__
     except LockUnavailable:
         hold.release = "unavailable"
-    except RuntimeError as exc:
-        if not redis_py_nodes_race(exc):
-            raise
-        hold.release = "redis-py race"
 
 
 @dataclass(frozen=True)
@@ -601,12 +562,9 @@ def test_failover_under_a_stream_of_decisions_and_locks(
             thread_exceptions() as ended_threads:
         try:
             target = pick_target(cluster, default_node_port(), default=node == "default")
-            races = run_failover(cluster, target, how, calls == "functions")
+            run_failover(cluster, target, how, calls == "functions")
             # A thread the library started (a lock's withdrawal) ended by an exception.
-            unexpected = [exc for exc in ended_threads if not redis_py_nodes_race(exc)]
-            assert not unexpected, "".join(traceback.format_exception(unexpected[0]))
-            races += len(ended_threads)
-            print(f"  the redis-py race of NODES_RACE escaped {races} times")
+            assert not ended_threads, "".join(traceback.format_exception(ended_threads[0]))
         finally:
             waiting._drop_subscriber()
             get_client().close()
@@ -614,9 +572,8 @@ def test_failover_under_a_stream_of_decisions_and_locks(
 
 
 def run_failover(cluster: RedisClusterServers, target: Target, how: str,
-                 use_functions: bool) -> int:
-    """The failover under traffic, and every assertion on it. Returns how many times the
-    redis-py race of NODES_RACE reached a caller (it is reported, not failed on)."""
+                 use_functions: bool) -> None:
+    """The failover under traffic, and every assertion on it."""
     tag = uuid.uuid4().hex[:8]
     engine_policy = Policy("failover-engine", rate="100000/h", algorithm="fixed_window")
     exact_policy = Policy(f"failover-exact-{tag}", rate=f"{EXACT_LIMIT}/h")
@@ -726,13 +683,11 @@ def run_failover(cluster: RedisClusterServers, target: Target, how: str,
     print(f"\n[{how} {'functions' if use_functions else 'evalsha'}]", figures)
 
     # 1. Nothing escapes, no 500: every view answered 200 or 429; the engine raised only
-    # client errors. (Except the redis-py race of NODES_RACE: counted, and pinned by its test.)
+    # client errors.
     probed = [c for p in probes for c in p.engine + p.view]
-    bad = [c for c in calls + probed if c.bad and not redis_py_nodes_race(c.exc)]
+    bad = [c for c in calls + probed if c.bad]
     assert not bad, f"{len(bad)} escaped: {Counter(c.outcome for c in bad)}\n{bad[0].detail}"
     assert not [c for c in calls + probed if c.outcome == "status:500"]
-    races = sum(c.bad for c in calls + probed) + sum(t.outcome == "redis-py race" for t in tries)
-    races += sum(h.release == "redis-py race" for h in holds)
     # 2. Decided before the failover; Redis failed only during the gap; decided after it.
     assert [c for c in calls if c.done < t_fail and c.kind != "drf"], "no baseline traffic"
     outside = [c for c in failed if c.done < t_fail or c.sent > t_up + RECOVERY_BOUND]
@@ -798,15 +753,17 @@ def run_failover(cluster: RedisClusterServers, target: Target, how: str,
         assert lock.token is not None
         assert lock.token > max(h.token for h in holds if h.group == "r1")
         lock.release()
-    return races
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=REPLICATED_LOCK_ROUTING)
+@pytest.mark.parametrize("how", ["graceful", "kill"])
 def test_a_replicated_lock_alone_is_granted_again_after_its_primary_fails_over(
-    cluster: RedisClusterServers,
+    cluster: RedisClusterServers, how: str,
 ) -> None:
-    """A Lock(replicas=1) and no other traffic: CLUSTER FAILOVER on its primary's replica.
-    Within RECOVERY_BOUND of t_up it must be granted again, with a larger token."""
+    """A Lock(replicas=1) and no other traffic. ``graceful``: CLUSTER FAILOVER on its
+    primary's replica (the old primary answers MOVED); within RECOVERY_BOUND of t_up it is
+    granted again, with a larger token. ``kill``: the primary killed (connections refused);
+    the new primary has no replica, so until the killed node rejoins as its replica the lock
+    is refused, every time; within RECOVERY_BOUND of that it is granted again."""
     heal(cluster)
     with override_settings(REDISLUA={"CONNECTION": cluster.url, "FAIL_OPEN": True}):
         try:
@@ -816,29 +773,39 @@ def test_a_replicated_lock_alone_is_granted_again_after_its_primary_fails_over(
             first = lock.token
             lock.release()
             t_fail = time.monotonic()
-            fail_over(target, "graceful")
+            fail_over(target, how)
             t_up = wait_recovered(cluster, target, t_fail)
-            errors: Counter[str] = Counter()
-            granted = False
-            for _ in range(200):  # bounded in count, and by the deadline below
-                if time.monotonic() > t_up + RECOVERY_BOUND:
-                    break
-                try:
-                    granted = lock.acquire(blocking=False)
-                except LockUnavailable as exc:
-                    errors[str(exc)[:120]] += 1
-                    time.sleep(0.05)
-                    continue
-                if granted:
-                    lock.release()
-                    break
-            print(f"\n[replicated lock alone] gap {t_up - t_fail:.2f}s, errors {dict(errors)}")
-            assert granted, f"not granted within {RECOVERY_BOUND}s of t_up: {dict(errors)}"
+            if how == "kill":
+                granted, refusals = tries_until_granted(lock, 10)
+                assert not granted and refusals.total() == 10, refusals  # each try refused
+                heal(cluster)  # the killed node rejoins, as the new primary's replica
+                t_up = time.monotonic()
+            granted, errors = tries_until_granted(lock, 200, t_up + RECOVERY_BOUND)
+            print(f"\n[replicated lock alone, {how}] gap {t_up - t_fail:.2f}s, errors {errors}")
+            assert granted, f"not granted within {RECOVERY_BOUND}s of t_up: {errors}"
             assert lock.token is not None and first is not None and lock.token > first
         finally:
             waiting._drop_subscriber()
             get_client().close()
     heal(cluster)
+
+
+def tries_until_granted(lock: Lock, tries: int,
+                        deadline: float = math.inf) -> tuple[bool, Counter[str]]:
+    """Acquire without waiting (released at once) until granted, ``tries`` times at most
+    and not after ``deadline``. Returns (granted, LockUnavailable refusals by message)."""
+    errors: Counter[str] = Counter()
+    for _ in range(tries):
+        if time.monotonic() > deadline:
+            break
+        try:
+            if lock.acquire(blocking=False):
+                lock.release()
+                return True, errors
+        except LockUnavailable as exc:
+            errors[str(exc)[:120]] += 1
+        time.sleep(0.05)
+    return False, errors
 
 
 class _MovesANodeWhenCompared(str):
@@ -856,17 +823,17 @@ class _MovesANodeWhenCompared(str):
     __hash__ = str.__hash__
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=NODES_RACE)
 def test_a_view_answers_when_the_cluster_client_breaks_during_a_failover(
     cluster: RedisClusterServers, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The failover test meets this race now and then (traceback: _internal_execute_command
-    -> replace_default_node -> get_primaries -> get_nodes_by_server_type: RuntimeError). Here
-    it is made certain: the client's default node is killed and a request is sent to a view
-    whose identity lives there. The moment redis-py's own iteration over nodes_cache
-    compares its first node, the node is moved as a concurrent request's ConnectionError
-    would move it (NodesManager.move_node_to_end_of_cached_nodes). With FAIL_OPEN the view
-    must answer 200, undecided. It must not raise."""
+    """The failover test met this race now and then (traceback: _internal_execute_command
+    -> replace_default_node -> get_primaries -> get_nodes_by_server_type: RuntimeError:
+    dictionary keys changed during iteration). Here it is made certain: the client's default
+    node is killed and a request is sent to a view whose identity lives there. The moment
+    redis-py's own iteration over nodes_cache compares its first node, another thread moves
+    that node as a concurrent request's ConnectionError does
+    (NodesManager.move_node_to_end_of_cached_nodes), and is given 0.5 s to finish first.
+    With FAIL_OPEN the view must answer 200, undecided. It must not raise."""
     heal(cluster)
     with override_settings(REDISLUA={"CONNECTION": cluster.url, "FAIL_OPEN": True},
                            ROOT_URLCONF=__name__):
@@ -882,8 +849,14 @@ def test_a_view_answers_when_the_cluster_client_breaks_during_a_failover(
             fail_over(target, "kill")
             manager = client.nodes_manager
             monkeypatch.setattr(redis.cluster, "PRIMARY", _MovesANodeWhenCompared("primary"))
-            _MovesANodeWhenCompared.hook = lambda: manager.move_node_to_end_of_cached_nodes(
-                next(iter(manager.nodes_cache)))
+
+            def move_from_another_thread() -> None:
+                mover = threading.Thread(target=manager.move_node_to_end_of_cached_nodes,
+                                         args=(next(iter(manager.nodes_cache)),))
+                mover.start()
+                mover.join(0.5)  # unlocked, the move is done by then; locked, it waits for us
+
+            _MovesANodeWhenCompared.hook = move_from_another_thread
             try:
                 call = http_call(web, "view", "/stream/", identity, True,
                                  {"X-Identity": identity}, {})
