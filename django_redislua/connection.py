@@ -25,13 +25,16 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.retry
 import redis.asyncio.sentinel
 import redis.cluster
+import redis.retry
 import redis.sentinel
 from asgiref.sync import AsyncToSync
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from redis._parsers import AsyncCommandsParser, CommandsParser
+from redis.backoff import NoBackoff
 
 from django_redislua.conf import on_change, settings
 
@@ -394,8 +397,13 @@ def _build_sync(endpoint: Endpoint) -> SyncClient:
         _lock_node_moves(cluster.nodes_manager)
         return cluster
     if endpoint.kind == "sentinel":
+        # Sentinels are asked in turn, the next when one fails, so retrying a dead one only
+        # delays the answer: redis-py's default Retry (10 tries, backoff up to 1 s) made each
+        # dead sentinel cost ~3.5 s, not SOCKET_CONNECT_TIMEOUT. A user's own "retry" wins.
         sentinel = redis.sentinel.Sentinel(
-            list(endpoint.sentinels), sentinel_kwargs=endpoint.sentinel_options,
+            list(endpoint.sentinels),
+            sentinel_kwargs={"retry": redis.retry.Retry(NoBackoff(), 0),
+                             **endpoint.sentinel_options},
             **endpoint.options,
         )
         primary: redis.Redis = sentinel.master_for(endpoint.service_name)
@@ -411,7 +419,9 @@ def _build_async(endpoint: Endpoint) -> AsyncClient:
         return async_cluster
     if endpoint.kind == "sentinel":
         sentinel = redis.asyncio.sentinel.Sentinel(
-            list(endpoint.sentinels), sentinel_kwargs=endpoint.sentinel_options,
+            list(endpoint.sentinels),
+            sentinel_kwargs={"retry": redis.asyncio.retry.Retry(NoBackoff(), 0),
+                             **endpoint.sentinel_options},
             **endpoint.options,
         )
         async_primary: redis.asyncio.Redis = sentinel.master_for(endpoint.service_name)

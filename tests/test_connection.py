@@ -212,3 +212,32 @@ def test_connection_options_sentinel_kwargs_go_to_the_sentinels_in_both_forms(se
         assert "sentinel_kwargs" not in endpoint.options
         assert endpoint.options["client_name"] == "web"
     assert endpoint.sentinel_options.get("username") is None  # the URL form has no SENTINEL_KWARGS
+
+
+def test_the_sentinels_are_not_retried_unless_the_user_asks() -> None:
+    """Asking the next sentinel is the retry: the connections to the sentinels get none of
+    their own (redis-py's default made each dead sentinel cost ~3.5 s; the timing is held by
+    tests/test_deployment_docs.py). A "retry" in sentinel_kwargs is the user's choice and
+    is kept. Sync and asyncio clients alike."""
+    from redis.backoff import ConstantBackoff
+    from redis.retry import Retry
+
+    url = "redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster"
+
+    def retries(client: object) -> list[int]:
+        manager = client.connection_pool.sentinel_manager  # type: ignore[attr-defined]
+        return [s.get_retry().get_retries() for s in manager.sentinels]
+
+    async def async_retries() -> list[int]:
+        client = get_async_client()
+        try:
+            return retries(client)
+        finally:
+            await aclose_client()
+
+    with override_settings(REDISLUA={"CONNECTION": url}):
+        assert retries(get_client()) == [0, 0]
+        assert asyncio.run(async_retries()) == [0, 0]
+    mine = {"sentinel_kwargs": {"retry": Retry(ConstantBackoff(0.01), 2)}}
+    with override_settings(REDISLUA={"CONNECTION": url, "CONNECTION_OPTIONS": mine}):
+        assert retries(get_client()) == [2, 2]

@@ -371,20 +371,7 @@ def test_tls_without_a_client_certificate_is_refused_by_the_mtls_server(
         Policy("doc-snippet", rate="3/h").hit("doc")
 
 
-# -- Sentinel: what the docs list as a known limitation ----------------------------------------
-SENTINEL_RETRIES = (
-    "redis-py 8's default Retry (10 retries, exponential backoff with jitter, 10 ms base, 1 s "
-    "cap: ~3.5 s in all) applies to the clients redis.sentinel.Sentinel builds for the "
-    "sentinels; connection.py gives them this app's socket timeouts and credentials "
-    "(sentinel_kwargs) but no bounded retry (with sentinel_kwargs={'retry': Retry(NoBackoff(), "
-    "0)} the same call fails in ~2 ms)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    f"{SENTINEL_RETRIES}: with every sentinel down a request takes ~3.5 s per sentinel listed, "
-    "not SOCKET_CONNECT_TIMEOUT, to fail open (docs/views.md#fail_open promises the answer "
-    "within the timeouts)"))
+# -- Sentinel: a dead sentinel costs the timeouts, not redis-py's retries -----------------------
 def test_every_sentinel_down_fails_open_within_the_timeouts(servers: Servers) -> None:
     snip = snippet("Sentinel")
     found = load_snippet(snip, servers, sentinel_ports=(servers.dead_port, free_port()))
@@ -396,9 +383,6 @@ def test_every_sentinel_down_fails_open_within_the_timeouts(servers: Servers) ->
     assert took < 1.0  # SOCKET_CONNECT_TIMEOUT is 0.5 s; a refused connection takes ms
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    f"{SENTINEL_RETRIES}: a process's first discovery asks the sentinels in order and retries "
-    "the dead first one for ~3.5 s before asking the next"))
 def test_a_dead_first_sentinel_costs_no_more_than_the_timeouts(servers: Servers) -> None:
     snip = snippet("Sentinel")
     sentinel = servers.sentinel().sentinel
