@@ -27,7 +27,15 @@ import redis
 import redis.asyncio.cluster
 from django.apps import apps
 from redis.cluster import RedisCluster
-from redis.exceptions import MovedError, NoScriptError, ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 from django_redislua import conf, metrics
 from django_redislua.conf import settings
@@ -40,6 +48,9 @@ from django_redislua.connection import (
 )
 from django_redislua.lean import async_channel_for, channel_for
 
+# What makes a cluster call leave the lean path for redis-py's: see Script._run_on_cluster.
+REROUTED = (MovedError, AskError, TryAgainError, ClusterDownError, SlotNotCoveredError,
+            redis.ConnectionError, redis.TimeoutError)
 INCLUDE = re.compile(r"^--#include\s+(\S+)\s*$", re.MULTILINE)
 # In a Functions library, a script's code above this line runs once, when the library loads.
 PER_CALL = "\n--#per-call\n"
@@ -129,18 +140,45 @@ class Script:
         try:
             client = client or get_client()
             channel = channel_for(client)
-            send = client.execute_command if channel is None else channel.call
-            try:
-                return send(*command)
-            except ResponseError as exc:
-                load = self._load_command(exc)
-                if load is None:
-                    raise
-            send(*load)
-            return send(*command)
+            if channel is not None:
+                return self._exchange(channel.call, command)
+            if type(client) is RedisCluster and command[2]:
+                return self._run_on_cluster(client, command)
+            return self._exchange(client.execute_command, command)
         except CLIENT_ERRORS:
             metrics.redis_error(self.name)
             raise
+
+    def _exchange(self, send: Any, command: tuple[Any, ...], load_with: Any = None) -> Any:
+        """``send(*command)``; when the script is missing, it is loaded (by ``load_with``, if
+        given) and the command sent again, once."""
+        try:
+            return send(*command)
+        except ResponseError as exc:
+            load = self._load_command(exc)
+            if load is None:
+                raise
+        (load_with or send)(*load)
+        return send(*command)
+
+    def _run_on_cluster(self, cluster: RedisCluster, command: tuple[Any, ...]) -> Any:
+        """:meth:`run` on a cluster: straight to the lean channel of the primary the client's
+        slot table names for the first key (redis-py's cluster dispatch costs about twice the
+        client CPU of the call itself). A redirect, a node that is down or not answering, a
+        slot the table lacks: the call goes the ordinary way instead, where redis-py follows
+        the redirect, refreshes its table and retries, as it would have. None of those replies
+        means the script ran, except a timeout, which redis-py's own retry resends too."""
+        try:
+            primary = cluster.nodes_manager.get_node_from_slot(
+                cluster.keyslot(command[3])).redis_connection
+            channel = None if primary is None else channel_for(primary)
+            if channel is not None:
+                # A script missing there is missing on every primary, most likely (a restart of
+                # all, SCRIPT FLUSH, a deploy): loaded through the cluster client, on them all.
+                return self._exchange(channel.call, command, cluster.execute_command)
+        except REROUTED:
+            pass
+        return self._exchange(cluster.execute_command, command)
 
     async def arun(self, command: tuple[Any, ...], client: AsyncClient | None = None) -> Any:
         """The asyncio twin of :meth:`run`."""
