@@ -527,6 +527,22 @@ async def _close_with_loop(
         await _aclose(client)
 
 
+async def discovered(client: AsyncClient) -> AsyncClient:
+    """``client``, ready for keyed commands (a no-op once it is, and for a single server).
+
+    redis-py's asyncio ``RedisCluster`` discovers the cluster on its first command, and routes
+    that command before discovering it: with no default node yet, a keyed command (a script on
+    a policy's or a lock's keys) goes to a random primary and comes back MOVED. Every coroutine
+    of a new loop that calls at once does that; the fifth MOVED makes the client re-discover the
+    cluster by closing every connection of every node, those other coroutines are using
+    included (their calls fail: "Connection closed by server"). The app builds a client per
+    event loop, so its asyncio calls discover the cluster first (``initialize`` is what
+    redis-py asks for)."""
+    if type(client) is redis.asyncio.cluster.RedisCluster:
+        await client.initialize()
+    return client
+
+
 def on_throwaway_loop() -> bool:
     """True inside an event loop that asgiref made for one ``async_to_sync`` call.
 

@@ -43,6 +43,7 @@ from django_redislua.connection import (
     CLIENT_ERRORS,
     AsyncClient,
     SyncClient,
+    discovered,
     get_async_client,
     get_client,
 )
@@ -183,7 +184,7 @@ class Script:
     async def arun(self, command: tuple[Any, ...], client: AsyncClient | None = None) -> Any:
         """The asyncio twin of :meth:`run`."""
         try:
-            client = client or get_async_client()
+            client = client or await discovered(get_async_client())
             channel = async_channel_for(client)
             send = client.execute_command if channel is None else channel.call
             try:
@@ -225,7 +226,7 @@ class Script:
         concurrently)."""
         if len(commands) == 1:
             return [await self.arun(commands[0], client)]
-        client = client or get_async_client()
+        client = client or await discovered(get_async_client())
         try:
             replies = await self._apipelined(client, commands)
             missing, load = self._reload(replies)

@@ -9,10 +9,23 @@ import pytest
 import redis
 
 from django_redislua.locks import Lock, LockNotAcquired, LockNotOwned
-from django_redislua.locks.inspect import force_release, scan_locks
+from django_redislua.locks.inspect import LockInfo, force_release, scan_locks
 from django_redislua.testing import CommandRecorder
 
 pytestmark = pytest.mark.topologies
+
+
+def _scan_all(match: str, count: int = 100) -> list[LockInfo]:
+    """Every page of ``scan_locks`` (on a cluster one page reads one primary, so a first page
+    alone may miss a lock held on another)."""
+    found: list[LockInfo] = []
+    cursor = 0
+    for _page in range(1000):
+        cursor, page = scan_locks(cursor, match=match, count=count)
+        found.extend(page)
+        if cursor == 0:
+            return found
+    raise AssertionError(f"scan_locks({match!r}) did not finish within 1000 pages")
 
 
 def test_acquire_release_and_fencing_tokens_grow(r: redis.Redis) -> None:
@@ -190,12 +203,7 @@ def test_scan_locks_and_force_release(r: redis.Redis) -> None:
         lock.acquire()
         held.append(lock)
     held[0].acquire()
-    cursor, found = 0, []
-    while True:
-        cursor, page = scan_locks(cursor, match="report", count=1)
-        found.extend(page)
-        if cursor == 0:
-            break
+    found = _scan_all("report", count=1)  # many small pages
     by_name = {info.name: info for info in found}
     assert set(by_name) == {"report:daily", "report:weekly"}
     daily = by_name["report:daily"]
@@ -205,6 +213,7 @@ def test_scan_locks_and_force_release(r: redis.Redis) -> None:
     assert daily.ttl is not None and 29 < daily.ttl <= 30
     assert daily.waiters == 0
     assert {i.name for i in scan_locks(match="report:w*")[1]} <= {"report:weekly"}
+    assert {i.name for i in _scan_all("report:w*")} == {"report:weekly"}
     assert force_release("report:daily")
     assert not force_release("report:daily")
     assert not r.exists("rl:lock:{report:daily}")
@@ -225,7 +234,8 @@ def test_scan_locks_counts_waiters_and_force_release_wakes_them() -> None:
     deadline = time.monotonic() + 5
     waiters = 0
     while time.monotonic() < deadline and waiters < 2:
-        waiters = scan_locks(match="contended")[1][0].waiters
+        (info,) = _scan_all("contended")
+        waiters = info.waiters
         time.sleep(0.05)
     assert waiters == 2
     started = time.monotonic()

@@ -8,18 +8,33 @@ import time
 import pytest
 import redis
 
+from django_redislua.connection import primary_nodes
 from django_redislua.locks import Lock, LockNotOwned, Semaphore, asingle_flight, run_once
 from django_redislua.locks.lock import _background
 
 pytestmark = pytest.mark.topologies
 
 
+def _this_loops_background() -> set[asyncio.Task[object]]:
+    """The background clean-ups of the running loop: this test's (each test runs its own loop;
+    a task of an earlier test's closed loop can never finish, and is not this test's)."""
+    loop = asyncio.get_running_loop()
+    return {task for task in set(_background) if task.get_loop() is loop}
+
+
 async def _settled() -> None:
     """Let background releases started by cancellations finish."""
     deadline = time.monotonic() + 5
-    while _background and time.monotonic() < deadline:
+    while _this_loops_background() and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
-    assert not _background
+    assert not _this_loops_background()
+
+
+def _subscribers(channel: str) -> int:
+    """Subscribers of ``channel`` on every primary (on a cluster, PUBSUB NUMSUB through the
+    cluster client asks one node only, and a waiter subscribes on its channel's node)."""
+    return sum(int(count) for _, node in primary_nodes()
+               for _, count in node.pubsub_numsub(channel))
 
 
 def test_async_context_manager_and_fencing(r: redis.Redis) -> None:
@@ -80,13 +95,17 @@ def test_cancelling_a_waiter_leaves_no_waiter_and_no_lock(r: redis.Redis) -> Non
         await holder.aacquire()
         waiters = [asyncio.create_task(Lock("acancel", timeout=30).aacquire()) for _ in range(5)]
         await asyncio.sleep(0.2)
+        deadline = time.monotonic() + 5
+        while _subscribers("rl:lock:{acancel}:released") < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert _subscribers("rl:lock:{acancel}:released") == 5  # the count below can see them
         for task in waiters:
             task.cancel()
         for task in waiters:
             with pytest.raises(asyncio.CancelledError):
                 await task
         await _settled()
-        assert r.pubsub_numsub("rl:lock:{acancel}:released")[0][1] == 0
+        assert _subscribers("rl:lock:{acancel}:released") == 0
         await holder.arelease()
         assert not r.exists("rl:lock:{acancel}")
         # Nobody is stuck: the next caller gets it at once.

@@ -5,6 +5,7 @@ single_flight); sync and asyncio, single node and the real cluster."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
@@ -30,21 +31,13 @@ from django_redislua.locks import (
 )
 from django_redislua.locks.inspect import force_release
 from django_redislua.locks.keys import keys_for
+from django_redislua.locks.lease import AsyncRenewer, Lease
 from django_redislua.locks.lock import _background
 from django_redislua.testing import RedisServer
 
-pytestmark = pytest.mark.topologies
-
-
-@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.cluster)])
-def where(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "single":
-        yield "single"
-        return
-    cluster = request.getfixturevalue("redis_cluster")
-    with override_settings(REDISLUA={"CONNECTION": cluster.url}):
-        get_client().flushall()
-        yield "cluster"
+# Tests on the app's configured Redis are marked ``topologies``: they run on the single server
+# and again on the 6-node cluster (tests/conftest.py). Tests that start their own servers, need
+# none, or are about the cluster alone run once.
 
 
 # -- fencing ----------------------------------------------------------------------------------
@@ -74,7 +67,8 @@ def test_tokens_keep_increasing_after_a_restart_without_persistence() -> None:
         server.stop()
 
 
-def test_tokens_keep_increasing_after_the_counter_is_evicted(where: str) -> None:
+@pytest.mark.topologies
+def test_tokens_keep_increasing_after_the_counter_is_evicted() -> None:
     client = get_client()
     lock = Lock("evicted", timeout=5)
     with lock:
@@ -84,7 +78,8 @@ def test_tokens_keep_increasing_after_the_counter_is_evicted(where: str) -> None
         assert lock.token is not None and first is not None and lock.token > first
 
 
-def test_no_key_of_a_lock_lives_forever(where: str) -> None:
+@pytest.mark.topologies
+def test_no_key_of_a_lock_lives_forever() -> None:
     client = get_client()
     holder = Lock("ttl", timeout=5)
     assert holder.acquire()
@@ -104,8 +99,10 @@ def test_no_key_of_a_lock_lives_forever(where: str) -> None:
 
 # -- singleton --------------------------------------------------------------------------------
 
-def test_singleton_reports_a_lease_lost_while_its_job_ran(where: str,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.topologies
+def test_singleton_reports_a_lease_lost_while_its_job_ran(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     @singleton("nightly", timeout=5)
     def job() -> str:
         assert force_release("nightly")  # an operator, or the lease ran out...
@@ -120,7 +117,8 @@ def test_singleton_reports_a_lease_lost_while_its_job_ran(where: str,
     assert "singleton 'nightly'" in caplog.text
 
 
-async def test_async_singleton_reports_a_lease_lost(where: str) -> None:
+@pytest.mark.topologies
+async def test_async_singleton_reports_a_lease_lost() -> None:
     @singleton("anightly", timeout=5)
     async def job() -> int:
         force_release("anightly")
@@ -131,7 +129,8 @@ async def test_async_singleton_reports_a_lease_lost(where: str) -> None:
     assert raised.value.result == 7
 
 
-def test_singleton_renews_while_a_job_outlives_its_timeout(where: str) -> None:
+@pytest.mark.topologies
+def test_singleton_renews_while_a_job_outlives_its_timeout() -> None:
     overlaps = []
 
     @singleton("long", timeout=0.5)
@@ -149,7 +148,36 @@ def test_singleton_renews_while_a_job_outlives_its_timeout(where: str) -> None:
 
 # -- run_once ---------------------------------------------------------------------------------
 
-def test_run_once_renews_while_a_slow_handler_runs(where: str) -> None:
+async def test_async_renewer_stops_even_if_a_renewal_loses_the_cancellation() -> None:
+    """Before Python 3.12, asyncio.wait_for (redis-py wraps every socket write in it) returns
+    instead of raising when the cancellation arrives just as the write finished. A renewer
+    that lost stop()'s cancellation that way renewed for ever, and stop() never returned."""
+    lease = Lease("rl:lock:{lost-cancel}", "owner", 0.3, time.monotonic())
+    renewals = 0
+    renewing = asyncio.Event()
+
+    async def aextend(seconds: float, replace: bool = True) -> bool:
+        nonlocal renewals
+        renewals += 1
+        renewing.set()
+        with contextlib.suppress(asyncio.CancelledError):  # as wait_for did: the write was done
+            await asyncio.sleep(0.05)
+        lease.deadline = time.monotonic() + seconds
+        return True
+
+    lease.aextend = aextend  # type: ignore[method-assign]
+    lost: list[str] = []
+    renewer = AsyncRenewer(lease, 0.3, lambda: lost.append("lost"))
+    await asyncio.wait_for(renewing.wait(), 5)
+    await asyncio.wait_for(renewer.stop(), 5)  # the cancellation lands inside the renewal
+    stopped_after = renewals
+    await asyncio.sleep(0.3)  # three renewal intervals: none may follow
+    assert renewals == stopped_after == 1
+    assert lost == []
+
+
+@pytest.mark.topologies
+def test_run_once_renews_while_a_slow_handler_runs() -> None:
     runs: list[int] = []
 
     @run_once(key=lambda n: f"pay:{n}", timeout=0.5, wait=False)
@@ -168,8 +196,10 @@ def test_run_once_renews_while_a_slow_handler_runs(where: str) -> None:
     assert runs == [1]
 
 
-def test_run_once_raises_when_another_run_took_its_key(where: str,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.topologies
+def test_run_once_raises_when_another_run_took_its_key(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     key = keys_for("once", "order:9").base
 
     @run_once(key="order:9", timeout=5)
@@ -187,8 +217,9 @@ def test_run_once_raises_when_another_run_took_its_key(where: str,
     assert get_client().hget(key, "owner") == b"someone-else"  # the other run's record kept
 
 
+@pytest.mark.topologies
 def test_run_once_records_a_late_result_when_nobody_else_started(
-    where: str, caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     key = keys_for("once", "order:10").base
     calls = []
@@ -205,7 +236,8 @@ def test_run_once_records_a_late_result_when_nobody_else_started(
     assert capture() == "late" and calls == [1]
 
 
-async def test_async_run_once_raises_when_another_run_took_its_key(where: str) -> None:
+@pytest.mark.topologies
+async def test_async_run_once_raises_when_another_run_took_its_key() -> None:
     key = keys_for("once", "aorder").base
 
     @run_once(key="aorder", timeout=5)
@@ -218,7 +250,8 @@ async def test_async_run_once_raises_when_another_run_took_its_key(where: str) -
     assert raised.value.result == "captured"
 
 
-async def test_async_run_once_renews_while_a_slow_handler_runs(where: str) -> None:
+@pytest.mark.topologies
+async def test_async_run_once_renews_while_a_slow_handler_runs() -> None:
     runs: list[int] = []
 
     @run_once(key="aslow", timeout=0.5, wait=False)
@@ -237,8 +270,9 @@ async def test_async_run_once_renews_while_a_slow_handler_runs(where: str) -> No
 
 # -- single_flight ----------------------------------------------------------------------------
 
+@pytest.mark.topologies
 def test_a_builder_that_lost_its_lease_never_overwrites_a_newer_value(
-    where: str, caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     building = keys_for("flight", "report").sub("building")
 
@@ -253,7 +287,8 @@ def test_a_builder_that_lost_its_lease_never_overwrites_a_newer_value(
     assert single_flight("report", lambda: "never", ttl=60) == "new"
 
 
-async def test_async_a_builder_that_lost_its_lease_never_overwrites(where: str) -> None:
+@pytest.mark.topologies
+async def test_async_a_builder_that_lost_its_lease_never_overwrites() -> None:
     building = keys_for("flight", "areport").sub("building")
 
     async def new_build() -> str:
@@ -271,7 +306,8 @@ async def test_async_a_builder_that_lost_its_lease_never_overwrites(where: str) 
     assert await asingle_flight("areport", never, ttl=60) == "new"
 
 
-def test_single_flight_renews_while_a_slow_build_runs(where: str) -> None:
+@pytest.mark.topologies
+def test_single_flight_renews_while_a_slow_build_runs() -> None:
     builds: list[int] = []
     results: list[Any] = []
 
@@ -324,6 +360,7 @@ def test_a_lock_waiting_for_a_replica_is_acquired_once_it_confirms(
     assert not primary.client().exists(lock.keys.base)  # released again: nothing half-held
 
 
+@pytest.mark.topologies
 async def test_async_a_lock_waiting_for_replicas_refuses_without_them() -> None:
     lock = Lock("adurable", timeout=30, replicas=1, replica_timeout=0.05)
     with pytest.raises(LockUnavailable, match="replica"):
@@ -360,5 +397,9 @@ async def test_async_waiting_for_replicas_is_refused_on_the_cluster(on_cluster: 
     lock = Lock("acluster-durable", timeout=30, replicas=1)
     with pytest.raises(LockUnavailable, match="asyncio cluster"):
         await lock.aacquire()
-    await asyncio.gather(*_background)  # the refused wait's clean-up, on this loop
+    loop = asyncio.get_running_loop()
+    # The refused wait's clean-up, on this loop (a task of an earlier test's closed loop could
+    # never be awaited here, and is not this test's).
+    await asyncio.wait_for(asyncio.gather(
+        *(task for task in set(_background) if task.get_loop() is loop)), timeout=10)
     assert not await lock.alocked()

@@ -33,7 +33,14 @@ from django_redislua import metrics
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import Keys, keys_for
 from django_redislua.locks.lease import AsyncRenewer, Lease, Renewer, milliseconds
-from django_redislua.locks.lock import LeaseLost, Lock, LockError, keep_running, parse_wait
+from django_redislua.locks.lock import (
+    LeaseLost,
+    Lock,
+    LockError,
+    async_client_ready,
+    keep_running,
+    parse_wait,
+)
 from django_redislua.locks.waiting import await_until, wait_until
 from django_redislua.scripts import get_script
 
@@ -218,6 +225,7 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
                 async def attempt() -> float | None:
                     return once.read(await begin.acall(keys=[once.keys.base], args=once.args()))
 
+                await async_client_ready()
                 if await attempt() is not None and (
                     not wait or not await await_until(once.keys.channel, attempt, limit)
                 ):
@@ -381,6 +389,7 @@ async def asingle_flight(cache_key: str, build: Callable[[], Awaitable[R]],
         keys, args = flight.begin_call()
         return flight.read(await begin.acall(keys=keys, args=args))
 
+    await async_client_ready()
     if await attempt() is not None:
         await await_until(flight.keys.channel, attempt, None)
     if not flight.must_build:

@@ -135,23 +135,35 @@ class Renewer:
 
 
 class AsyncRenewer:
-    """The asyncio twin of :class:`Renewer`: a task on the running loop."""
+    """The asyncio twin of :class:`Renewer`: a task on the running loop.
+
+    :meth:`stop` cancels the task, and also sets a flag the task checks after every await: a
+    cancellation can be lost on its way (before Python 3.12, ``asyncio.wait_for``, which
+    redis-py wraps every socket write in, returns the result instead of raising when the
+    cancellation arrives just as the write finished), and a renewer that missed it would renew
+    the lease for ever while ``stop`` waited for it."""
 
     def __init__(self, lease: Lease, seconds: float, on_lost: Callable[[], None]) -> None:
         self.lease, self.seconds, self.on_lost = lease, seconds, on_lost
+        self._stopped = False
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
         schedule = _Schedule(self.lease, self.seconds)
         while (delay := schedule.next_delay()) is not None:
             await asyncio.sleep(delay)
+            if self._stopped:
+                return
             try:
                 schedule.record(await self.lease.aextend(self.seconds))
             except _client_errors():
                 schedule.record(None)
-        self.on_lost()  # a stop cancels the task before it gets here
+            if self._stopped:
+                return
+        self.on_lost()  # a stop ends the task before it gets here
 
     async def stop(self) -> None:
+        self._stopped = True
         task = self._task
         if task is not asyncio.current_task():
             task.cancel()

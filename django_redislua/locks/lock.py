@@ -54,7 +54,14 @@ _background: set[asyncio.Task[Any]] = set()
 
 
 def keep_running(task: asyncio.Task[Any]) -> None:
-    """Hold ``task`` until it ends, and consume its outcome (nobody awaits it any more)."""
+    """Hold ``task`` until it ends, and consume its outcome (nobody awaits it any more).
+
+    A task started while its loop shuts down (a wait cancelled by ``asyncio.run``'s clean-up)
+    may never run: once that loop is closed it is dropped here, not held for the process's
+    life (with its loop, its lock and its coroutine)."""
+    for held in list(_background):  # a snapshot: other threads' loops add and discard too
+        if held.get_loop().is_closed():
+            _background.discard(held)
     _background.add(task)
 
     def done(finished: asyncio.Task[Any]) -> None:
@@ -108,15 +115,25 @@ class LockUnavailable(LockError):
     never a bare redis-py error. The lock's state is unknown; the lease ends by itself."""
 
 
+async def async_client_ready() -> None:
+    """The running loop's client, discovered (see ``connection.discovered``): every asyncio
+    entry point of the locks starts with it, pub/sub waits included."""
+    from django_redislua.connection import discovered, get_async_client
+
+    await discovered(get_async_client())
+
+
 def redis_failures_as_lock_errors(method: Callable[P, R]) -> Callable[P, R]:
     """Turn every client failure family (``connection.CLIENT_ERRORS``) of ``method`` (sync or
-    ``async def``) into :class:`LockUnavailable`."""
+    ``async def``) into :class:`LockUnavailable`. An ``async def`` method first makes the
+    loop's client ready (:func:`async_client_ready`)."""
     from django_redislua.connection import CLIENT_ERRORS
 
     if iscoroutinefunction(method):
         @functools.wraps(method)
         async def async_translated(*args: P.args, **kwargs: P.kwargs) -> Any:
             try:
+                await async_client_ready()
                 return await method(*args, **kwargs)
             except CLIENT_ERRORS as exc:
                 raise LockUnavailable(f"Redis failed while locking: {exc}") from exc
