@@ -425,7 +425,7 @@ class Lock:
             self._withdraw_quietly(wait, exc)
             raise
         if wait.unreplicated:
-            self.release()
+            self._give_back_unconfirmed()
             raise self._unreplicated()
         if self.auto_renew and self._depth == 1 and self._renewer is None:
             self._renewer = Renewer(self._lease, self.timeout, self._renewal_lost, self.name)
@@ -435,6 +435,24 @@ class Lock:
         renewer, self._renewer = self._renewer, None
         if isinstance(renewer, Renewer):
             renewer.stop()
+
+    def _give_back_unconfirmed(self) -> None:
+        """Undo an acquisition fewer than ``replicas`` replicas confirmed. Finding the lock no
+        longer ours (its lease ran out during WAIT, or after a failover the undo reached
+        another primary) is what the undo wanted: the caller never had the lock, so nothing
+        was lost (no LeaseLost, no lost-lease count)."""
+        from django_redislua.connection import CLIENT_ERRORS
+
+        keys, args = self._release_call("one" if self.reentrant else "all")
+        try:
+            self._depth = max(0, int(get_script("django_redislua.lock_release")(keys=keys,
+                                                                                args=args)))
+        except CLIENT_ERRORS:
+            self._release_failed()
+            raise
+        finally:
+            if self._depth == 0:
+                self._stop_renewing()
 
     @redis_failures_as_lock_errors
     def release(self) -> None:
@@ -553,7 +571,7 @@ class Lock:
             keep_running(asyncio.get_running_loop().create_task(self._aundo(wait)))
             raise
         if wait.unreplicated:
-            await self.arelease()
+            await self._agive_back_unconfirmed()
             raise self._unreplicated()
         if self.auto_renew and self._depth == 1 and self._renewer is None:
             self._renewer = AsyncRenewer(self._lease, self.timeout, self._renewal_lost)
@@ -565,6 +583,21 @@ class Lock:
             await renewer.stop()
         elif isinstance(renewer, Renewer):
             renewer.stop()
+
+    async def _agive_back_unconfirmed(self) -> None:
+        """The asyncio twin of :meth:`_give_back_unconfirmed`."""
+        from django_redislua.connection import CLIENT_ERRORS
+
+        keys, args = self._release_call("one" if self.reentrant else "all")
+        try:
+            self._depth = max(0, int(await get_script("django_redislua.lock_release").acall(
+                keys=keys, args=args)))
+        except CLIENT_ERRORS:
+            self._release_failed()
+            raise
+        finally:
+            if self._depth == 0:
+                await self._astop_renewing()
 
     @redis_failures_as_lock_errors
     async def arelease(self) -> None:
