@@ -318,6 +318,9 @@ def _django_redis_sentinel(
     )
 
 
+_cache_clients: weakref.WeakSet[redis.Redis] = weakref.WeakSet()  # a cache's, never closed here
+
+
 def _cache_sync_client(endpoint: Endpoint) -> redis.Redis | None:
     """The cache's own client when its pool has a socket timeout; None to build a sibling."""
     from django.core.cache import caches
@@ -390,6 +393,7 @@ def _build_sync(endpoint: Endpoint) -> SyncClient:
     if endpoint.cache_alias is not None and endpoint.kind == "single":
         reused = _cache_sync_client(endpoint)
         if reused is not None:
+            _cache_clients.add(reused)
             return reused
     if endpoint.kind == "cluster":
         cluster = redis.cluster.RedisCluster.from_url(endpoint.url, **endpoint.options)
@@ -477,14 +481,31 @@ def _close_soon(loop: asyncio.AbstractEventLoop, client: AsyncClient) -> None:
 
 @on_change
 def reset_clients() -> None:
-    """Forget built clients (settings changed); asyncio ones are closed on their loops."""
+    """Forget built clients (settings changed); asyncio ones are closed on their loops, the
+    sync one's idle connections now (one in use by another thread is left to finish its call;
+    a cache alias's client is the cache's, left alone)."""
     global _sync_client, _sync_failure
     with _lock:
-        _sync_client = _sync_failure = None
+        sync_client, _sync_client, _sync_failure = _sync_client, None, None
         dropped = list(_async_clients.items())
         _async_clients.clear()
+    if sync_client is not None:
+        _disconnect_idle(sync_client)
     for loop, client in dropped:
         _close_soon(loop, client)
+
+
+def _disconnect_idle(client: SyncClient) -> None:
+    if isinstance(client, redis.cluster.RedisCluster):
+        # RedisCluster.close() leaves the nodes' pools of a client built by from_url open.
+        pools = [node.redis_connection.connection_pool for node in client.get_nodes()
+                 if node.redis_connection is not None]
+    elif client in _cache_clients:
+        return
+    else:
+        pools = [client.connection_pool]
+    for pool in pools:
+        pool.disconnect(inuse_connections=False)
 
 
 def get_client() -> SyncClient:

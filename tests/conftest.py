@@ -35,6 +35,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.definition.get_closest_marker("topologies") is None:
         return
     if "topology" not in metafunc.fixturenames:
+        # Parametrizing alone does not make pytest set up an indirect fixture the test does not
+        # name; _topology_applied (autouse) asks for it, so it runs for every marked test.
         metafunc.fixturenames.append("topology")
     metafunc.parametrize("topology", TOPOLOGIES, indirect=True)
 
@@ -75,8 +77,11 @@ def topology(request: pytest.FixtureRequest) -> Iterator[str]:
         REDISLUA["CONNECTION"] = single
 
 
-def _after_topology(request: pytest.FixtureRequest) -> None:
-    if "topology" in request.fixturenames:
+@pytest.fixture(autouse=True)
+def _topology_applied(request: pytest.FixtureRequest, _flush_redis: None) -> None:
+    """Sets a marked test's topology up before the test's own fixtures run."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and "topology" in callspec.params:
         request.getfixturevalue("topology")
 
 
@@ -87,10 +92,9 @@ def _fresh_log_gate(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def r(request: pytest.FixtureRequest) -> Any:
+def r() -> Any:
     """The app's own sync client (flushed by the autouse fixture): a ``redis.Redis``, or the
     ``RedisCluster`` in a test's cluster run (see ``topologies``)."""
-    _after_topology(request)
     client = get_client()
     assert isinstance(client, redis.Redis | RedisCluster)
     return client

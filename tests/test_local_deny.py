@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from io import StringIO
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -35,6 +35,8 @@ from django.test import Client, override_settings
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory, force_authenticate
@@ -42,6 +44,7 @@ from rest_framework.views import APIView
 
 from django_redislua import drf
 from django_redislua.checks import check_settings
+from django_redislua.connection import get_client, parse_url
 from django_redislua.limiting import Decision, Policy, denials, engine, get_policy
 from django_redislua.limiting.inspect import reset_key
 from django_redislua.signals import rate_limited
@@ -96,22 +99,48 @@ def redislua(**changes: Any) -> override_settings:
     return override_settings(REDISLUA={**django_settings.REDISLUA, **changes})
 
 
+def connection_url() -> str:
+    """The Redis the app uses now: the single server, or the cluster in a [cluster] run."""
+    url = django_settings.REDISLUA["CONNECTION"]
+    assert isinstance(url, str)
+    return url
+
+
+def another_connection(key: str) -> redis.Redis:
+    """A client of its own (not the app's, no shared pool) on the server that holds ``key``:
+    the single server, or on a cluster the primary that owns the key's slot."""
+    endpoint = parse_url(connection_url())
+    if endpoint.kind == "cluster":
+        app = get_client()
+        assert isinstance(app, RedisCluster)
+        node = app.get_node_from_key(key)  # where the key lives (no command is sent)
+        return redis.Redis(host=node.host, port=node.port)
+    assert endpoint.kind == "single"
+    return redis.Redis.from_url(endpoint.url)
+
+
 class TransactionalClient:
     """``client=`` for evaluate: each EVALSHA runs in MULTI/EXEC with PERSIST of its keys, so
     real time cannot expire state that injected time still needs (as tests/test_engine_properties
-    does)."""
+    does). On a cluster the transaction runs on the primary that owns the keys' slot (a script's
+    keys share one: the identity's hash tag), as MULTI/EXEC can only run on one node."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis | RedisCluster) -> None:
         self.client = client
 
     def execute_command(self, command: str, *args: Any) -> Any:
         if command == "SCRIPT LOAD":
-            return self.client.script_load(*args)
+            return self.client.script_load(*args)  # a cluster: on every primary
         assert command == "EVALSHA"
         sha, numkeys, *keys_and_args = args
-        pipe = self.client.pipeline(transaction=True)
+        keys = keys_and_args[:numkeys]
+        node = self.client
+        if isinstance(node, RedisCluster):
+            assert len({key_slot(str(key).encode()) for key in keys}) == 1, keys
+            node = node.get_redis_connection(node.get_node_from_key(keys[0]))
+        pipe = node.pipeline(transaction=True)
         pipe.evalsha(sha, numkeys, *keys_and_args)
-        for key in keys_and_args[:numkeys]:
+        for key in keys:
             pipe.persist(key)
         replies = pipe.execute(raise_on_error=False)
         if isinstance(replies[0], Exception):
@@ -163,7 +192,8 @@ def run_model(policy: Policy, data: st.DataObject, tx: TransactionalClient,
         redis_says = peek(policy, identity, cost, now, tx)  # before the hit: peeks write nothing
         if plan:
             decision, companion = engine.evaluate(
-                [(policy, identity, cost), (COMPANION, identity, 1)], now_us=now, client=tx)
+                [(policy, identity, cost), (COMPANION, identity, 1)], now_us=now,
+                client=cast(Any, tx))  # a stand-in: it has execute_command
             assert companion.allowed and not companion.local
         else:
             decision = hit(policy, identity, cost, now, tx)
@@ -205,7 +235,7 @@ def run_model(policy: Policy, data: st.DataObject, tx: TransactionalClient,
 @pytest.mark.parametrize("path", ["one", "plan"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_local_denials_are_what_redis_decides_at_that_instant(
-    algorithm: str, path: str, r: redis.Redis
+    algorithm: str, path: str, r: redis.Redis | RedisCluster
 ) -> None:
     tally: Counter[str] = Counter()
 
@@ -247,11 +277,16 @@ def test_costs_an_entry_answers_and_an_admission_drops_it(algorithm: str) -> Non
 CHILD = textwrap.dedent("""
     import io, json, sys, time
     import django
+    import tests.settings
+    tests.settings.REDISLUA["CONNECTION"] = sys.argv[1]  # the parent's: a server, or a cluster
     django.setup()
+    from django.conf import settings
+    assert settings.REDISLUA["CONNECTION"] == sys.argv[1]
     from django.core.management import call_command
+    from django_redislua.connection import get_client
     from django_redislua.limiting import get_policy
     from django_redislua.limiting.inspect import reset_key
-    print(json.dumps({"ready": True}), flush=True)
+    print(json.dumps({"ready": type(get_client()).__name__}), flush=True)
     for line in sys.stdin:
         order = json.loads(line)
         kind, name, identity = order["kind"], order["policy"], order["identity"]
@@ -292,30 +327,58 @@ class OtherProcess:
         return float(reply["at"])
 
 
+class OtherProcesses:
+    """The other processes of this module, started when first needed: one per Redis the app
+    used (the single server, the cluster), each configured for it from its start."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.started: dict[str, OtherProcess] = {}
+
+    def on(self, url: str) -> OtherProcess:
+        other = self.started.get(url)
+        if other is None:
+            log = self.directory / f"stderr-{len(self.started)}.log"
+            env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
+                   "PYTHONPATH": str(ROOT)}
+            with log.open("w") as stderr:
+                process = subprocess.Popen(
+                    [sys.executable, "-c", CHILD, url], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT, env=env, text=True,
+                )
+            other = self.started[url] = OtherProcess(process, log)
+            # Its client is of the kind this process uses: a RedisCluster in a [cluster] run.
+            assert other.read() == {"ready": type(get_client()).__name__}
+        return other
+
+    def stop(self) -> None:
+        for other in self.started.values():
+            process = other.process
+            assert process.stdin is not None
+            process.stdin.close()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            assert process.stdout is not None
+            process.stdout.close()
+
+
 @pytest.fixture(scope="module")
-def other_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OtherProcess]:
+def other_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OtherProcesses]:
     assert os.environ.get("REDIS_URL"), "tests/settings.py exports the shared server's URL"
-    log = tmp_path_factory.mktemp("other") / "stderr.log"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
-    with log.open("w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=stderr, cwd=ROOT, env=env, text=True,
-        )
-    other = OtherProcess(process, log)
+    processes = OtherProcesses(tmp_path_factory.mktemp("other"))
     try:
-        assert other.read() == {"ready": True}
-        yield other
+        yield processes
     finally:
-        assert process.stdin is not None
-        process.stdin.close()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        assert process.stdout is not None
-        process.stdout.close()
+        processes.stop()
+
+
+@pytest.fixture
+def other_process(other_processes: OtherProcesses) -> OtherProcess:
+    """Another Django process on the Redis this test's topology uses."""
+    return other_processes.on(connection_url())
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -324,7 +387,7 @@ def test_a_reset_on_another_connection_is_seen_one_second_after_the_denial(
 ) -> None:
     """Injected time. Another process's reset is a DEL this process does not hear of."""
     policy = Policy("elsewhere", rate="1/m", algorithm=algorithm)
-    other = redis.Redis.from_url(os.environ["REDIS_URL"])
+    other = another_connection(policy.redis_key("ip"))
     try:
         assert hit(policy, "ip", now=T).allowed
         denied = hit(policy, "ip", now=T)
