@@ -184,9 +184,10 @@ class Script:
     async def arun(self, command: tuple[Any, ...], client: AsyncClient | None = None) -> Any:
         """The asyncio twin of :meth:`run`."""
         try:
-            client = client or await discovered(get_async_client())
+            client = client or get_async_client()
             channel = async_channel_for(client)
-            send = client.execute_command if channel is None else channel.call
+            # Only a client off the lean path can be a cluster, which must be discovered first.
+            send = (await discovered(client)).execute_command if channel is None else channel.call
             try:
                 return await send(*command)
             except ResponseError as exc:

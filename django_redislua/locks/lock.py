@@ -322,13 +322,15 @@ class Lock:
         return self._keys4, [self.owner, mode, self.keys.channel, self.name, self._window_ms(),
                              "" if token is None else token]
 
-    def _released(self, left: int) -> None:
-        """Record a release's reply; raises when the lock was not ours any more."""
+    def _released(self, left: int, unconfirmed: bool = False) -> None:
+        """Record a release's reply; raises when the lock was not ours any more, unless the
+        release undid an ``unconfirmed`` acquisition (see :meth:`_give_back_unconfirmed`)."""
         if left >= 0:
             self._depth = left
             return
         believed_held, self._depth = self._depth > 0, 0
-        raise self._not_owned("release", believed_held)
+        if not unconfirmed:
+            raise self._not_owned("release", believed_held)
 
     def _not_owned(self, action: str, believed_held: bool) -> LockNotOwned:
         if believed_held:
@@ -441,28 +443,21 @@ class Lock:
         longer ours (its lease ran out during WAIT, or after a failover the undo reached
         another primary) is what the undo wanted: the caller never had the lock, so nothing
         was lost (no LeaseLost, no lost-lease count)."""
-        from django_redislua.connection import CLIENT_ERRORS
-
-        keys, args = self._release_call("one" if self.reentrant else "all")
-        try:
-            self._depth = max(0, int(get_script("django_redislua.lock_release")(keys=keys,
-                                                                                args=args)))
-        except CLIENT_ERRORS:
-            self._release_failed()
-            raise
-        finally:
-            if self._depth == 0:
-                self._stop_renewing()
+        self._release(unconfirmed=True)
 
     @redis_failures_as_lock_errors
     def release(self) -> None:
         """Release one hold (the last re-entry frees it and offers it to the next waiter);
         owner-checked: LockNotOwned (LeaseLost if this object held it) when not ours."""
+        self._release()
+
+    def _release(self, unconfirmed: bool = False) -> None:
         from django_redislua.connection import CLIENT_ERRORS
 
         keys, args = self._release_call("one" if self.reentrant else "all")
         try:
-            self._released(int(get_script("django_redislua.lock_release")(keys=keys, args=args)))
+            self._released(int(get_script("django_redislua.lock_release")(keys=keys, args=args)),
+                           unconfirmed)
         except CLIENT_ERRORS:
             self._release_failed()
             raise
@@ -586,28 +581,20 @@ class Lock:
 
     async def _agive_back_unconfirmed(self) -> None:
         """The asyncio twin of :meth:`_give_back_unconfirmed`."""
-        from django_redislua.connection import CLIENT_ERRORS
-
-        keys, args = self._release_call("one" if self.reentrant else "all")
-        try:
-            self._depth = max(0, int(await get_script("django_redislua.lock_release").acall(
-                keys=keys, args=args)))
-        except CLIENT_ERRORS:
-            self._release_failed()
-            raise
-        finally:
-            if self._depth == 0:
-                await self._astop_renewing()
+        await self._arelease(unconfirmed=True)
 
     @redis_failures_as_lock_errors
     async def arelease(self) -> None:
         """The asyncio twin of :meth:`release`."""
+        await self._arelease()
+
+    async def _arelease(self, unconfirmed: bool = False) -> None:
         from django_redislua.connection import CLIENT_ERRORS
 
         keys, args = self._release_call("one" if self.reentrant else "all")
         try:
             self._released(int(await get_script("django_redislua.lock_release").acall(
-                keys=keys, args=args)))
+                keys=keys, args=args)), unconfirmed)
         except CLIENT_ERRORS:
             self._release_failed()
             raise
