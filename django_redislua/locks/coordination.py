@@ -292,9 +292,18 @@ _STALE = 2
 _BUILDING = 3
 
 
-class _Flight:
-    def __init__(self, cache_key: str, lock_timeout: float | str) -> None:
-        self.keys = keys_for("flight", cache_key)
+_NEWER = 2  # flight_finish: a newer version was stored while this one built
+
+
+class Flight:
+    """One caller of a single flight on ``keys`` (the cached value is ``keys.base``). With
+    ``versioned``, the value is a VersionedCache entry: it is stored under the version the
+    builder saw when it began, and not over a newer one stored meanwhile."""
+
+    def __init__(self, keys: Keys, lock_timeout: float | str, versioned: bool = False) -> None:
+        self.keys = keys
+        self.versioned = versioned
+        self.version: int | None = None
         self.token = secrets.token_hex(16)
         self.lease_seconds = parse_duration(lock_timeout)
         self.lease_ms = milliseconds(self.lease_seconds)
@@ -309,6 +318,8 @@ class _Flight:
 
     def read(self, reply: list[Any]) -> float | None:
         state, value = int(reply[0]), reply[1]
+        if len(reply) > 2 and reply[2] not in (b"", ""):
+            self.version = int(reply[2])
         if state in (_FRESH, _STALE):
             self.value = pickle.loads(value)  # our own record, written below
             return None
@@ -332,11 +343,15 @@ class _Flight:
         blob = pickle.dumps(value) if outcome == "store" else b""
         stale_ms = 0 if stale_ttl in (0, 0.0) else milliseconds(parse_duration(stale_ttl))
         ttl_ms = milliseconds(parse_duration(ttl))
+        guard = str(self.version or 0) if self.versioned else ""
         return [self.keys.base, self.keys.sub("building")], [
-            self.token, outcome, blob, ttl_ms, stale_ms, self.keys.channel]
+            self.token, outcome, blob, ttl_ms, stale_ms, self.keys.channel, guard]
 
     def finished(self, reply: Any, outcome: str) -> None:
-        if int(reply) == 0:
+        if int(reply) == _NEWER:
+            logger.info("single_flight %s: a newer version was stored while this build ran; "
+                        "the built value was not stored", self.keys.base)
+        elif int(reply) == 0:
             if not self.lost_counted:  # lost, and the renewer had not said so
                 self.lost_counted = True
                 metrics.lock_lost()
@@ -352,7 +367,19 @@ def single_flight(cache_key: str, build: Callable[[], R], ttl: float | str = 300
     it bounds how long a crashed builder keeps the others waiting. With ``stale_ttl``, the old
     value is kept that much longer and served while a rebuild runs. A builder that lost its
     lease returns its value without storing it over a newer one (and logs it)."""
-    flight = _Flight(cache_key, lock_timeout)
+    return fly(Flight(keys_for("flight", cache_key), lock_timeout), build, ttl, stale_ttl)
+
+
+async def asingle_flight(cache_key: str, build: Callable[[], Awaitable[R]],
+                         ttl: float | str = 300, lock_timeout: float | str = 10,
+                         stale_ttl: float | str = 0) -> R:
+    """The asyncio twin of :func:`single_flight`, for an async ``build``."""
+    return await afly(Flight(keys_for("flight", cache_key), lock_timeout), build, ttl, stale_ttl)
+
+
+def fly(flight: Flight, build: Callable[[], R], ttl: float | str,
+        stale_ttl: float | str) -> R:
+    """Run one single flight (see :func:`single_flight`)."""
     begin = get_script("django_redislua.flight_begin")
 
     def attempt() -> float | None:
@@ -378,11 +405,9 @@ def single_flight(cache_key: str, build: Callable[[], R], ttl: float | str = 300
     return value
 
 
-async def asingle_flight(cache_key: str, build: Callable[[], Awaitable[R]],
-                         ttl: float | str = 300, lock_timeout: float | str = 10,
-                         stale_ttl: float | str = 0) -> R:
-    """The asyncio twin of :func:`single_flight`, for an async ``build``."""
-    flight = _Flight(cache_key, lock_timeout)
+async def afly(flight: Flight, build: Callable[[], Awaitable[R]], ttl: float | str,
+               stale_ttl: float | str) -> R:
+    """The asyncio twin of :func:`fly`."""
     begin = get_script("django_redislua.flight_begin")
 
     async def attempt() -> float | None:

@@ -10,11 +10,23 @@
 -- ARGV[4]  how long the value is fresh, in milliseconds (integer >= 1).
 -- ARGV[5]  how long a stale copy is kept after that, in milliseconds (integer >= 0).
 -- ARGV[6]  the channel waiters subscribe to (a PUBLISH target, not a key).
+-- ARGV[7]  VersionedCache: the version the builder saw when it began (the value is stored under
+--          it, and only when no newer version was stored meanwhile); "" for single_flight.
 --
--- Returns 1, or 0 when the caller no longer held the build lease (nothing was changed).
+-- Returns 1, or 0 when the caller no longer held the build lease (nothing was changed), or 2
+-- when a newer version was stored while it built (the lease is given up, the value not stored).
 
 if redis.call('HGET', KEYS[2], 'owner') ~= ARGV[1] then
   return 0
+end
+if ARGV[2] == 'store' and ARGV[7] ~= '' then
+  local stored = tonumber(redis.call('HGET', KEYS[1], 'version'))
+  if stored and stored > tonumber(ARGV[7]) then
+    redis.call('DEL', KEYS[2])
+    redis.call('PUBLISH', ARGV[6], 'released')
+    return 2
+  end
+  redis.call('HSET', KEYS[1], 'version', ARGV[7])
 end
 if ARGV[2] == 'store' then
   local t = redis.call('TIME')
