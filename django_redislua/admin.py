@@ -1,6 +1,7 @@
 """The "Redis Lua" admin page: live rate-limit keys, locks, scripts and servers, read from Redis.
 
-A thin layer over :mod:`django_redislua.limiting.inspect` and :mod:`django_redislua.locks.inspect`.
+A thin layer over :mod:`django_redislua.limiting.inspect`, :mod:`django_redislua.locks.inspect`
+and :mod:`django_redislua.recipes.inspect`.
 The unmanaged :class:`~django_redislua.models.RedisLua` model anchors the page and its ``view`` /
 ``change`` permissions; every page is served through ``get_urls`` wrapped in
 ``admin_site.admin_view`` (staff only, CSRF-protected). Resets and force-releases need ``change``,
@@ -26,6 +27,7 @@ from django_redislua.limiting.registry import get_policy
 from django_redislua.locks import inspect as locks_inspect
 from django_redislua.locks.keys import keys_for
 from django_redislua.models import RedisLua
+from django_redislua.recipes import inspect as recipes_inspect
 
 if TYPE_CHECKING:
     ModelAdmin = admin.ModelAdmin[RedisLua]
@@ -88,6 +90,29 @@ def _key_row(state: inspect.KeyState) -> dict[str, Any]:
     }
 
 
+def _ttl(seconds: float | None) -> str:
+    return "no expiry" if seconds is None else duration(seconds)
+
+
+def _recipe_row(item: Any) -> dict[str, Any]:
+    row = {"item": item, "ttl": _ttl(getattr(item, "ttl", None))}  # a queue never expires
+    if isinstance(item, recipes_inspect.CacheEntry):
+        row["state"] = (f"fresh for {duration(item.fresh_for)}" if item.fresh
+                        else f"stale for {duration(-item.fresh_for)}")
+    return row
+
+
+def _recipe_sections(page: recipes_inspect.RecipePage) -> list[dict[str, Any]]:
+    """The page's instances, one section per kind (empty ones left out), TTLs made readable."""
+    sections: list[tuple[str, list[Any]]] = [
+        ("stock", page.stock), ("queue", page.queues), ("cap", page.counters),
+        ("vcache", page.caches), ("wstats", page.windows),
+    ]
+    return [{"kind": kind, "title": recipes_inspect.KINDS[kind],
+             "rows": [_recipe_row(item) for item in items]}
+            for kind, items in sections if items]
+
+
 def _policy_rows(in_use: dict[str, PolicyInUse]) -> list[dict[str, Any]]:
     """Every policy in use (settings, inline on routed views, DRF scopes); broken settings too."""
     rows: list[dict[str, Any]] = []
@@ -130,6 +155,7 @@ class RedisLuaAdmin(ModelAdmin):
         return [
             path("", wrap(self.keys_view), name=self._name("changelist")),
             path("locks/", wrap(self.locks_view), name=self._name("locks")),
+            path("recipes/", wrap(self.recipes_view), name=self._name("recipes")),
             path("scripts/", wrap(self.scripts_view), name=self._name("scripts")),
             path("reset/", wrap(self.reset_view), name=self._name("reset")),
             path("locks/release/", wrap(self.release_view), name=self._name("release")),
@@ -149,6 +175,7 @@ class RedisLuaAdmin(ModelAdmin):
             "tabs": [
                 ("keys", "Rate-limit keys", self._url("changelist")),
                 ("locks", "Locks", self._url("locks")),
+                ("recipes", "Recipes", self._url("recipes")),
                 ("scripts", "Scripts & servers", self._url("scripts")),
             ],
             "can_change": self.has_change_permission(request),
@@ -228,6 +255,27 @@ class RedisLuaAdmin(ModelAdmin):
             first_url=self._url("locks", q=search),
             more_url=self._url("locks", q=search, cursor=str(cursor)) if cursor else None,
             cursor=cursor, release_url=self._url("release"),
+        ))
+
+    def recipes_view(self, request: HttpRequest) -> HttpResponse:
+        self._require(request, change=False)
+        kind = request.GET.get("kind", "").strip()
+        cursor = request.GET.get("cursor", "")
+        page: recipes_inspect.RecipePage | None = None
+        try:
+            page = recipes_inspect.scan_recipes(cursor, kind=kind or None)
+        except ValueError as exc:
+            return HttpResponseBadRequest(str(exc))
+        except CLIENT_ERRORS as exc:
+            messages.error(request, f"Redis did not answer: {exc}")
+        return TemplateResponse(request, "admin/django_redislua/redislua/recipes.html",
+                                self._context(
+            request, "Recipes", "recipes",
+            page=page, sections=_recipe_sections(page) if page else [], kind=kind,
+            kinds=list(recipes_inspect.KINDS.items()), cursor=cursor,
+            max_scan_calls=inspect.MAX_SCAN_CALLS, first_url=self._url("recipes", kind=kind),
+            more_url=self._url("recipes", kind=kind, cursor=page.cursor)
+            if page and page.cursor else None,
         ))
 
     def scripts_view(self, request: HttpRequest) -> HttpResponse:

@@ -41,6 +41,7 @@ from django_redislua.limiting import (
 )
 from django_redislua.limiting.engine import Check, PartlyDecided
 from django_redislua.limiting.policy import check_cost
+from django_redislua.links import check_url
 from django_redislua.signals import rate_limited
 
 logger = logging.getLogger("django_redislua")
@@ -173,9 +174,9 @@ def report_broken(exc: PolicyError) -> None:
     if held is None:
         return
     logger.error(
-        "rate limit not applied: %s (%s; python manage.py check reports it). FAIL_OPEN=%s so "
-        "requests it covers are %s. Held back %d repeats of this line.",
-        exc, exc.check_id, settings.FAIL_OPEN,
+        "rate limit not applied: %s (%s; python manage.py check reports it; see %s). "
+        "FAIL_OPEN=%s so requests it covers are %s. Held back %d repeats of this line.",
+        exc, exc.check_id, check_url(exc.check_id), settings.FAIL_OPEN,
         "allowed" if settings.FAIL_OPEN else "answered 503", held,
     )
 
@@ -188,10 +189,10 @@ def report_unknown_address(request: HttpRequest) -> None:
     logger.warning(
         "redislua.W003: the client address of a request to %s cannot be determined "
         "(REMOTE_ADDR=%.64r, X-Forwarded-For %s, TRUSTED_PROXIES=%d); such requests share the "
-        "identity 'unknown-address'. Held back %d repeats.",
+        "identity 'unknown-address' (see %s). Held back %d repeats.",
         request.path[:200], request.META.get("REMOTE_ADDR"),
         "present" if request.META.get("HTTP_X_FORWARDED_FOR") else "absent",
-        settings.TRUSTED_PROXIES, held,
+        settings.TRUSTED_PROXIES, check_url("redislua.W003"), held,
     )
 
 

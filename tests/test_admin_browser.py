@@ -137,3 +137,45 @@ def test_auto_refresh_toggle_reloads_the_page(page: Any, live_server: Any) -> No
     expect(page.locator("tr[data-key='rl:login:sl:{198.51.100.9}']")).to_be_visible(timeout=8_000)
     expect(page.locator("#redislua-autorefresh")).to_be_checked()  # remembered across reloads
     page.locator("#redislua-autorefresh").uncheck()
+
+
+def test_recipes_tab_lists_live_instances(page: Any, live_server: Any, tmp_path: Path) -> None:
+    from django_redislua.recipes import (
+        CappedCounter,
+        Inventory,
+        VersionedCache,
+        WindowStats,
+        WorkQueue,
+    )
+
+    expect = sync_api.expect
+    stock = Inventory("flash-sale", ttl="1h")
+    stock.set("sku-1", 20)
+    for n in range(7):
+        stock.take("sku-1", order_id=f"order-{n}")
+    stock.set("sku-2", 0)
+    queue = WorkQueue("emails")
+    for n in range(5):
+        queue.put({"to": f"user{n}@example.com"})
+    queue.claim()
+    CappedCounter("downloads", cap=1000, ttl="1d").add("user:42", 17)
+    VersionedCache("catalog").set("page:1", ["item"], version=7, ttl="1h")
+    latency = WindowStats("latency", window="1m")
+    for sample in (0.12, 0.3, 0.08):
+        latency.add("checkout", sample)
+    Inventory("<b>hostile</b>").set("a-very-long-sku-" + "x" * 48, 3)
+
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/django_redislua/redislua/")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "correct horse")
+    page.click("input[type=submit]")
+    page.get_by_role("link", name="Recipes", exact=True).click()
+    row = page.locator("tr[data-key='rl:stock:flash-sale:{sku-1}']")
+    expect(row).to_be_visible()
+    expect(row.locator("td").nth(2)).to_have_text("13")
+    expect(page.locator("tr[data-key='rl:queue:{emails}'] td").nth(1)).to_have_text("4")
+    expect(page.locator("#recipes-cap")).to_contain_text("user:42")
+    expect(page.locator("#recipes-vcache")).to_contain_text("fresh for")
+    expect(page.locator("#recipes-wstats")).to_contain_text("checkout")
+    expect(page.locator("#recipes-stock")).to_contain_text("<b>hostile</b>")  # shown as text
+    _shoot(page, tmp_path, "admin-recipes-screenshot.png")

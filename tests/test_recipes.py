@@ -125,6 +125,9 @@ def test_inventory_restock_and_lifetime(r: Any) -> None:
     stock.set("sku", 1)
     stock.take("sku", order_id="o", user_id="u")
     assert stock.add("sku", 3) == 3
+    assert stock.set("sku", 50, if_absent=True) == 3  # already selling: left as it is
+    assert stock.set("new", 50, if_absent=True) == 50
+    stock.clear("new")
     for name in keys_of(r):
         assert 3_500_000 < r.pttl(name) <= 3_600_000, name
     assert stock.clear("sku") is True

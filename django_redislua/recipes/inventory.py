@@ -72,16 +72,18 @@ class Inventory:
         return [stock, f"{stock}:orders", f"{stock}:buyers"]
 
     def _set(self, sku: str | bytes | int, units: int, mode: str) -> Op[int]:
-        whole(units, "units", 0 if mode == "set" else 1)
+        whole(units, "units", 1 if mode == "add" else 0)
         return Op("django_redislua.recipe_stock_set", self.keys(sku),
                   [mode, units, self.ttl_ms], _left)
 
-    def set(self, sku: str | bytes | int, units: int) -> int:
-        """Set the units left of ``sku`` (orders already taken stay recorded); returns them."""
-        return run(self._set(sku, units, "set"))
+    def set(self, sku: str | bytes | int, units: int, *, if_absent: bool = False) -> int:
+        """Set the units left of ``sku`` (orders already taken stay recorded); returns the units
+        left. With ``if_absent``, only when no stock is set: every server may open the sale at
+        start-up, and a sale already selling is left as it is."""
+        return run(self._set(sku, units, "open" if if_absent else "set"))
 
-    async def aset(self, sku: str | bytes | int, units: int) -> int:
-        return await arun(self._set(sku, units, "set"))
+    async def aset(self, sku: str | bytes | int, units: int, *, if_absent: bool = False) -> int:
+        return await arun(self._set(sku, units, "open" if if_absent else "set"))
 
     def add(self, sku: str | bytes | int, units: int) -> int:
         """Restock: add ``units`` (>= 1) to a SKU already :meth:`set`; returns the units left.

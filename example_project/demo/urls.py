@@ -13,6 +13,8 @@ urlpatterns = [
     path("shadow/", views.shadow, name="shadow"),
     path("metrics", views.metrics, name="metrics"),
     path("coordination/", coordination.coordination, name="coordination"),
+    path("flash-sale/", views.flash_sale, name="flash-sale"),
+    path("queue/", views.queue, name="queue"),
     path("api/", include(api.router.urls)),
     path("admin/", admin.site.urls),
 ]
