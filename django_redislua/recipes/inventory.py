@@ -67,7 +67,7 @@ class Inventory:
 
     def keys(self, sku: str | bytes | int) -> list[str]:
         """The SKU's keys: stock ``{left, sold}``, orders ``{order id: "qty[ user]"}``, buyers
-        ``{user id: order id}``."""
+        ``{user id: how many of the user's orders hold units}``."""
         stock = key(self.kind, self.name, sku)
         return [stock, f"{stock}:orders", f"{stock}:buyers"]
 
@@ -106,7 +106,7 @@ class Inventory:
              user_id: str | bytes | int | None = None, one_per_user: bool = False) -> Taken:
         """Take ``qty`` units for ``order_id``: all or nothing, never below zero. The same
         order id taken again takes nothing more (retry freely); with ``one_per_user``, a user
-        whose other order holds units is refused."""
+        with another order holding units (taken with ``one_per_user`` or not) is refused."""
         return run(self._take(sku, qty, order_id, user_id, one_per_user))
 
     async def atake(self, sku: str | bytes | int, qty: int = 1, *, order_id: str | bytes | int,

@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  the stock: a hash {left = units left, sold = units held by orders}.
 -- KEYS[2]  the orders: a hash {order id = "<qty>[ <user id>]", "r" in front once given back}.
--- KEYS[3]  the buyers: a hash {user id = order id} of the orders that hold units.
+-- KEYS[3]  the buyers: a hash {user id = how many of the user's orders hold units}.
 -- ARGV[1]  the order id.
 --
 -- Returns {ok, reason, units left}: {1, "ok", left} when given back; {0, "already_given_back",
@@ -24,7 +24,7 @@ redis.call('HINCRBY', KEYS[1], 'sold', -qty)
 redis.call('HSET', KEYS[2], ARGV[1], 'r' .. order)
 if space then
   local user = string.sub(order, space + 1)
-  if redis.call('HGET', KEYS[3], user) == ARGV[1] then
+  if redis.call('HINCRBY', KEYS[3], user, -1) <= 0 then
     redis.call('HDEL', KEYS[3], user)
   end
 end

@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  the stock: a hash {left = units left, sold = units held by orders}.
 -- KEYS[2]  the orders: a hash {order id = "<qty>[ <user id>]", "r" in front once given back}.
--- KEYS[3]  the buyers: a hash {user id = order id} of the orders that hold units.
+-- KEYS[3]  the buyers: a hash {user id = how many of the user's orders hold units}.
 -- ARGV[1]  "set", "open" (set unless a stock is set: nothing changes then) or "add".
 -- ARGV[2]  units (integer; >= 0 for "set" and "open", >= 1 for "add").
 -- ARGV[3]  lifetime of the SKU's keys in milliseconds, or "" to keep them (and any lifetime

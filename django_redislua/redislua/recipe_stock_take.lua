@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  the stock: a hash {left = units left, sold = units held by orders}.
 -- KEYS[2]  the orders: a hash {order id = "<qty>[ <user id>]", "r" in front once given back}.
--- KEYS[3]  the buyers: a hash {user id = order id} of the orders that hold units.
+-- KEYS[3]  the buyers: a hash {user id = how many of the user's orders hold units}.
 -- ARGV[1]  units to take (integer >= 1).
 -- ARGV[2]  the order id (bounded, no spaces).
 -- ARGV[3]  the user id (bounded, no spaces), or "".
@@ -24,6 +24,7 @@ if order then
 end
 local user, qty = ARGV[3], tonumber(ARGV[1])
 if user ~= '' and ARGV[4] == '1' and redis.call('HEXISTS', KEYS[3], user) == 1 then
+  -- Any order of the user holding units, taken with one_per_user or not.
   return {0, 'duplicate_user', left}
 end
 if left < qty then
@@ -33,7 +34,7 @@ left = redis.call('HINCRBY', KEYS[1], 'left', -qty)
 redis.call('HINCRBY', KEYS[1], 'sold', qty)
 if user ~= '' then
   redis.call('HSET', KEYS[2], ARGV[2], ARGV[1] .. ' ' .. user)
-  redis.call('HSET', KEYS[3], user, ARGV[2])
+  redis.call('HINCRBY', KEYS[3], user, 1)
 else
   redis.call('HSET', KEYS[2], ARGV[2], ARGV[1])
 end

@@ -18,7 +18,7 @@ local bucket = math.floor(now / width)
 local slot = string.format('%.0f', bucket % buckets)
 local number = string.format('%.0f', bucket)
 local sample = tonumber(ARGV[2])
-local state = redis.call('HMGET', KEYS[1], 'b' .. slot, 'lo' .. slot, 'hi' .. slot)
+local state = redis.call('HMGET', KEYS[1], 'b' .. slot, 'lo' .. slot, 'hi' .. slot, 's' .. slot)
 local held = tonumber(state[1])
 if held and held > bucket then
   return 0
@@ -28,7 +28,9 @@ if held ~= bucket then
              'lo' .. slot, ARGV[2], 'hi' .. slot, ARGV[2])
 else
   redis.call('HINCRBY', KEYS[1], 'n' .. slot, 1)
-  redis.call('HINCRBYFLOAT', KEYS[1], 's' .. slot, ARGV[2])
+  -- Added here, as doubles, and written exactly: HINCRBYFLOAT rounds to 17 decimal places,
+  -- which loses small samples entirely.
+  redis.call('HSET', KEYS[1], 's' .. slot, string.format('%.17g', tonumber(state[4]) + sample))
   if sample < tonumber(state[2]) then
     redis.call('HSET', KEYS[1], 'lo' .. slot, ARGV[2])
   end
