@@ -74,14 +74,16 @@ def test_async_auto_renew_and_mutual_exclusion(r: redis.Redis) -> None:
     async def main() -> None:
         async def work() -> None:
             for _ in range(20):
-                async with Lock("acounter", timeout=0.3, auto_renew=True, blocking_timeout=30):
+                # A lease long enough for a loaded machine's stalls (the renewal is what the
+                # second part tries): a stalled loop losing a 0.3 s lease raised LeaseLost here.
+                async with Lock("acounter", timeout=2, auto_renew=True, blocking_timeout=30):
                     value = int(await asyncio.to_thread(r.get, "acounter") or 0)
                     await asyncio.sleep(0.001)
                     await asyncio.to_thread(r.set, "acounter", value + 1)
 
         await asyncio.gather(*(work() for _ in range(10)))
-        async with Lock("renewing", timeout=0.3, auto_renew=True) as lock:
-            await asyncio.sleep(1.0)
+        async with Lock("renewing", timeout=1, auto_renew=True) as lock:
+            await asyncio.sleep(3.0)  # three leases: renewed at least twice
             assert await lock.aowned()
             assert not lock.lost
 
