@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -124,6 +124,27 @@ def _decode_cursor(cursor: str) -> tuple[int, int]:
     return result
 
 
+def scan_primaries(nodes: Sequence[tuple[str, Any]], cursor: str, pattern: str,
+                   page_size: int, max_calls: int, take: Callable[[int, str], bool],
+                   ) -> tuple[str, int]:
+    """SCAN ``nodes`` (every primary) for ``pattern`` from ``cursor`` ("<node>-<position>",
+    "" = the start), calling ``take(node index, key)`` for each key found (True when the key
+    counts toward the page), until ``page_size`` keys counted or ``max_calls`` SCANs made.
+    Returns the cursor to continue from ("" when every node was scanned) and the SCANs made.
+    Raises ValueError for a bad cursor."""
+    index, position = _decode_cursor(cursor)
+    counted = calls = 0
+    count = page_size
+    while index < len(nodes) and calls < max_calls and counted < page_size:
+        position, keys = nodes[index][1].scan(position, match=pattern, count=count)
+        calls += 1
+        counted += sum(1 for key in keys if take(index, _text(key)))
+        if position == 0:
+            index += 1
+        count = min(count * 2, MAX_SCAN_COUNT)
+    return ("" if index >= len(nodes) else f"{index}-{position}"), calls
+
+
 Known = Mapping[str, Policy]
 
 
@@ -170,17 +191,14 @@ def scan_keys(
         index = _node_of(search, nodes)
         return KeyPage(_states(nodes[index], [search], known), "", 0, search)
     pattern = match_pattern(search, policy)
-    index, position = _decode_cursor(cursor)
     found: dict[tuple[int, str], None] = {}
-    calls = 0
-    count = page_size
-    while index < len(nodes) and calls < max_calls and len(found) < page_size:
-        position, keys = nodes[index][1].scan(position, match=pattern, count=count)
-        calls += 1
-        found.update(((index, _text(k)), None) for k in keys)
-        if position == 0:
-            index += 1
-        count = min(count * 2, MAX_SCAN_COUNT)
+
+    def take(index: int, key: str) -> bool:
+        new = (index, key) not in found
+        found[index, key] = None
+        return new
+
+    next_cursor, calls = scan_primaries(nodes, cursor, pattern, page_size, max_calls, take)
     by_node: dict[int, list[str]] = {}
     for node_index, key in found:
         if parse_key(key) is not None:  # MATCH is a glob; the key's shape is checked here
@@ -189,7 +207,6 @@ def scan_keys(
     for node_index, node_keys in by_node.items():
         states += _states(nodes[node_index], node_keys, known)
     states.sort(key=lambda s: (s.policy_name, s.identity))
-    next_cursor = "" if index >= len(nodes) else f"{index}-{position}"
     return KeyPage(states, next_cursor, calls, pattern)
 
 

@@ -23,7 +23,7 @@ import redis
 
 from django_redislua.conf import settings
 from django_redislua.connection import primary_nodes
-from django_redislua.limiting.inspect import MAX_SCAN_CALLS, MAX_SCAN_COUNT, PAGE_SIZE
+from django_redislua.limiting.inspect import MAX_SCAN_CALLS, PAGE_SIZE, scan_primaries
 from django_redislua.locks.keys import glob_escape
 from django_redislua.recipes.counter import CappedCounter
 from django_redislua.recipes.inventory import Inventory
@@ -171,19 +171,6 @@ def match_pattern(kind: str | None = None) -> str:
     return f"{prefix}:{kind}:*"
 
 
-def _decode_cursor(cursor: str) -> tuple[int, int]:
-    if not cursor:
-        return 0, 0
-    node, _, position = cursor.partition("-")
-    try:
-        result = int(node), int(position)
-    except ValueError:
-        raise ValueError(f"bad cursor {cursor!r}") from None
-    if min(result) < 0:
-        raise ValueError(f"bad cursor {cursor!r}")
-    return result
-
-
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -198,24 +185,18 @@ def scan_recipes(cursor: str = "", *, kind: str | None = None, page_size: int = 
     """
     pattern = match_pattern(kind)
     nodes = primary_nodes()
-    index, position = _decode_cursor(cursor)
     found: dict[int, dict[Instance, None]] = {}
-    total = calls = 0
-    count = page_size
-    while index < len(nodes) and calls < max_calls and total < page_size:
-        position, keys = nodes[index][1].scan(position, match=pattern, count=count)
-        calls += 1
+
+    def take(index: int, key: str) -> bool:
+        instance = parse_key(key)
         on_node = found.setdefault(index, {})
-        for key in keys:
-            instance = parse_key(_text(key))
-            if instance is not None and instance not in on_node:
-                on_node[instance] = None
-                total += 1
-        if position == 0:
-            index += 1
-        count = min(count * 2, MAX_SCAN_COUNT)
-    page = RecipePage(cursor="" if index >= len(nodes) else f"{index}-{position}",
-                      scan_calls=calls, pattern=pattern)
+        if instance is None or instance in on_node:
+            return False
+        on_node[instance] = None
+        return True
+
+    next_cursor, calls = scan_primaries(nodes, cursor, pattern, page_size, max_calls, take)
+    page = RecipePage(cursor=next_cursor, scan_calls=calls, pattern=pattern)
     for node_index, instances in found.items():
         if instances:
             _read(nodes[node_index][1], list(instances), page)
