@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from asgiref.sync import async_to_sync, iscoroutinefunction
+from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
@@ -380,8 +380,17 @@ async def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: An
     outcome = _record(request, applied, decisions)
     for decision in decisions:
         if not decision.allowed:
-            await rate_limited.asend(sender, request=request, decision=decision)
+            await _asend(sender, request=request, decision=decision)
     return outcome
+
+
+async def _asend(sender: Any, **named: Any) -> None:
+    """``rate_limited.asend`` (Django 5.0+); on Django 4.2, which has no ``Signal.asend``, the
+    receivers run as ``send`` would, in a thread."""
+    if hasattr(rate_limited, "asend"):
+        await rate_limited.asend(sender, **named)
+    else:
+        await sync_to_async(rate_limited.send)(sender, **named)
 
 
 # -- responses -----------------------------------------------------------------------------------
