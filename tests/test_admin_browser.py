@@ -100,7 +100,7 @@ def test_limit_see_reset_lock_see_release(page: Any, live_server: Any, tmp_path:
 
     # Reset it: a confirmation page first, then the POST.
     row.get_by_role("link", name="Reset").click()
-    expect(page.locator("h1")).to_have_text("Reset a rate-limit key?")
+    expect(page.locator("#content h1")).to_have_text("Reset a rate-limit key?")
     page.get_by_role("button", name="Yes, reset it").click()
     expect(page.locator(".messagelist .success")).to_contain_text("Reset rl:login:sl:{127.0.0.1}")
     expect(page.locator("tr[data-key='rl:login:sl:{127.0.0.1}']")).to_have_count(0)
