@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from django_redislua.connection import get_client
 from django_redislua.limiting import Decision, Policy, denials, evaluate
 from tests import reference_models as ref
+from tests.transactional import TransactionalClient
 
 BASE_US = 1_700_000_000_000_000
 ALGORITHMS = list(ref.MODELS)
@@ -33,34 +34,6 @@ PROPERTY_SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-
-
-class TransactionalClient:
-    """Stands in as ``client=`` for evaluate: each EVALSHA runs in MULTI/EXEC with PTTL and PERSIST
-    of its keys, so the TTLs it set are observed and real time cannot expire injected-time state."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
-        self.pttls: dict[str, int] = {}
-
-    def execute_command(self, command: str, *args: Any) -> Any:
-        if command == "SCRIPT LOAD":
-            return self.client.script_load(*args)
-        assert command == "EVALSHA"
-        return self.evalsha(*args)
-
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
-        keys = keys_and_args[:numkeys]
-        pipe = self.client.pipeline(transaction=True)
-        pipe.evalsha(sha, numkeys, *keys_and_args)
-        for key in keys:
-            pipe.pttl(key)
-            pipe.persist(key)
-        replies = pipe.execute(raise_on_error=False)
-        if isinstance(replies[0], Exception):
-            raise replies[0]
-        self.pttls = {key: replies[1 + 2 * i] for i, key in enumerate(keys)}
-        return replies[0]
 
 
 def make_policy(name: str, algorithm: str, count: int, period_s: int, burst: int | None) -> Policy:

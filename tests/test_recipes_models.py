@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -34,10 +33,9 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from redis.cluster import RedisCluster
 
 from django_redislua import scripts
-from django_redislua.connection import get_client, primary_nodes
+from django_redislua.connection import get_client
 from django_redislua.recipes import (
     CappedCounter,
     Count,
@@ -49,6 +47,7 @@ from django_redislua.recipes import (
     WindowStats,
     WorkQueue,
 )
+from tests.transactional import TransactionalClient
 
 pytestmark = pytest.mark.topologies
 
@@ -74,43 +73,9 @@ def unique(prefix: str) -> str:
     return f"{prefix}{next(_names)}"
 
 
-class ExpiryFrozen:
-    """Stands in for the app's client in the scripts' calls (``scripts.get_client``): each
-    EVALSHA runs in MULTI/EXEC, on the primary that holds its keys, with PTTL and PERSIST of
-    every key, so the expiry it set is observed and real time cannot expire injected-time
-    state."""
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.pttls: dict[str, int] = {}
-
-    def execute_command(self, command: str, *args: Any) -> Any:
-        if command == "SCRIPT LOAD":
-            for _name, node in primary_nodes(self.client):
-                node.script_load(*args)
-            return None
-        assert command == "EVALSHA", command
-        sha, numkeys, *keys_and_args = args
-        keys = [str(k) for k in keys_and_args[:numkeys]]
-        node = self.client
-        if isinstance(node, RedisCluster):
-            node = node.get_node_from_key(keys[0]).redis_connection
-        assert isinstance(node, redis.Redis)
-        pipe = node.pipeline(transaction=True)
-        pipe.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
-        for key in keys:
-            pipe.pttl(key)
-            pipe.persist(key)
-        replies = pipe.execute(raise_on_error=False)
-        if isinstance(replies[0], Exception):
-            raise replies[0]
-        self.pttls = {key: replies[1 + 2 * i] for i, key in enumerate(keys)}
-        return replies[0]
-
-
 @pytest.fixture
-def frozen(monkeypatch: pytest.MonkeyPatch) -> ExpiryFrozen:
-    client = ExpiryFrozen(get_client())
+def frozen(monkeypatch: pytest.MonkeyPatch) -> TransactionalClient:
+    client = TransactionalClient(get_client())
     monkeypatch.setattr(scripts, "get_client", lambda: client)
     return client
 
@@ -186,7 +151,7 @@ def time_step(data: st.DataObject, now: int, span_us: int, edges: list[int],
 
 @MODEL_SETTINGS
 @given(data=st.data())
-def test_capped_counter_matches_model(frozen: ExpiryFrozen, data: st.DataObject) -> None:
+def test_capped_counter_matches_model(frozen: TransactionalClient, data: st.DataObject) -> None:
     cap = data.draw(st.integers(0, 6), label="cap")
     period_us = data.draw(PERIODS_US, label="period_us")
     counter = CappedCounter(unique("cap"), cap=cap, ttl=period_us / SECOND)
@@ -268,7 +233,7 @@ def assert_summary(got: Summary, covered: list[float]) -> None:
 
 @MODEL_SETTINGS
 @given(data=st.data())
-def test_window_stats_matches_model(frozen: ExpiryFrozen, data: st.DataObject) -> None:
+def test_window_stats_matches_model(frozen: TransactionalClient, data: st.DataObject) -> None:
     buckets = data.draw(BUCKETS, label="buckets")
     width_us = data.draw(WIDTHS_US, label="width_us")
     window_us = width_us * buckets
@@ -295,7 +260,7 @@ def test_window_stats_matches_model(frozen: ExpiryFrozen, data: st.DataObject) -
         assert frozen.pttls[key] == (-1 if subject in model.samples else -2)
 
 
-def test_window_stats_total_of_tiny_samples(frozen: ExpiryFrozen) -> None:
+def test_window_stats_total_of_tiny_samples(frozen: TransactionalClient) -> None:
     stats = WindowStats(unique("tiny"), window=1, buckets=1)
     stats.add("s", 1e-20, now_us=BASE_US)
     stats.add("s", 1e-20, now_us=BASE_US)
