@@ -28,7 +28,6 @@ from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.limiting.identity import bound_identity
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks import lease
-from django_redislua.locks.keys import glob_escape
 from django_redislua.scripts import Arg, get_script
 
 T = TypeVar("T")
@@ -93,11 +92,6 @@ def identity(value: object) -> str:
     return bound_identity(value)
 
 
-def scan_pattern(kind: str) -> str:
-    """SCAN MATCH pattern of the main keys of every recipe of ``kind``."""
-    return f"{glob_escape(settings.KEY_PREFIX)}:{kind}:*"
-
-
 def whole(value: object, what: str, low: int = 0) -> int:
     """``value`` as an exact integer between ``low`` and 2^53 - 1, else ValueError."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -128,4 +122,5 @@ def milliseconds(duration: float | str) -> int:
 
 
 def text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A reply as text (an undecodable byte replaced, not raised)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

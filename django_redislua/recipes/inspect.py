@@ -25,6 +25,7 @@ from django_redislua.conf import settings
 from django_redislua.connection import primary_nodes
 from django_redislua.limiting.inspect import MAX_SCAN_CALLS, PAGE_SIZE, scan_primaries
 from django_redislua.locks.keys import glob_escape
+from django_redislua.recipes.base import text
 from django_redislua.recipes.counter import CappedCounter
 from django_redislua.recipes.inventory import Inventory
 from django_redislua.recipes.queue import WorkQueue
@@ -169,10 +170,6 @@ def match_pattern(kind: str | None = None) -> str:
     if kind == WorkQueue.kind:
         return f"{prefix}:{kind}:{{*}}:sequence"
     return f"{prefix}:{kind}:*"
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def scan_recipes(cursor: str = "", *, kind: str | None = None, page_size: int = PAGE_SIZE,
@@ -334,7 +331,7 @@ def _samples(fields: dict[Any, Any]) -> int | None:
     """The samples a WindowStats key holds: the sum of its buckets' ``n<slot>`` counts."""
     total = 0
     for name, value in fields.items():
-        if _text(name).startswith("n"):
+        if text(name).startswith("n"):
             count = _int(value)
             if count is None:
                 return None
