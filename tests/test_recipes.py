@@ -289,3 +289,23 @@ def test_redis_down_raises_recipe_unavailable(settings: Any) -> None:
 def test_redis_error_type_is_not_swallowed() -> None:
     assert issubclass(RecipeUnavailable, Exception)
     assert not issubclass(RecipeUnavailable, redis.RedisError)
+
+
+def test_capped_counter_and_window_stats_follow_advance(r: Any) -> None:
+    """docs/recipes.md: both follow the testing helpers' advance() (the plugin's
+    ``redislua.advance``), so a user's test need not sleep through a period or a window."""
+    from django_redislua.limiting import clock
+
+    counter = CappedCounter("adv", cap=1, ttl=60)
+    stats = WindowStats("adv", window=60, buckets=6)
+    assert counter.add("s") == (1, True)
+    assert counter.add("s") == (1, False)
+    stats.add("s", 2.0)
+    try:
+        clock.advance(61)
+        assert counter.value("s") == 0
+        assert counter.add("s") == (1, True)
+        assert stats.summary("s") == (0, 0.0, None, None)
+    finally:
+        clock.reset()
+    assert stats.summary("s").samples == 1
