@@ -52,6 +52,11 @@ class Op(Generic[T]):
     read: Callable[[Any], T]
 
 
+def delete_op(keys: Sequence[str]) -> Op[bool]:
+    """Delete an instance's ``keys`` (one hash tag): True when any existed."""
+    return Op("django_redislua.recipe_delete", keys, [], bool)
+
+
 def run(op: Op[T]) -> T:
     try:
         reply = get_script(op.script)(keys=op.keys, args=op.args)

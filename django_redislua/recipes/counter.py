@@ -12,6 +12,7 @@ from django_redislua.limiting import clock
 from django_redislua.recipes.base import (
     Op,
     arun,
+    delete_op,
     key,
     microseconds,
     recipe_name,
@@ -75,16 +76,12 @@ class CappedCounter:
     async def avalue(self, subject: str | bytes | int, *, now_us: int | None = None) -> int:
         return await arun(self._value(subject, now_us))
 
-    def _reset(self, subject: str | bytes | int) -> Op[bool]:
-        return Op("django_redislua.recipe_delete", [self.key(subject)], [],
-                  lambda reply: bool(reply))
-
     def reset(self, subject: str | bytes | int) -> bool:
         """Forget ``subject``'s counter (the next add starts a new period); True if it existed."""
-        return run(self._reset(subject))
+        return run(delete_op([self.key(subject)]))
 
     async def areset(self, subject: str | bytes | int) -> bool:
-        return await arun(self._reset(subject))
+        return await arun(delete_op([self.key(subject)]))
 
 
 def _count(reply: Any) -> Count:

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from django_redislua.recipes.base import (
     Op,
     arun,
+    delete_op,
     identity,
     key,
     milliseconds,
@@ -137,12 +138,9 @@ class Inventory:
     async def alevel(self, sku: str | bytes | int) -> int | None:
         return await arun(self._level(sku))
 
-    def _clear(self, sku: str | bytes | int) -> Op[bool]:
-        return Op("django_redislua.recipe_delete", self.keys(sku), [], bool)
-
     def clear(self, sku: str | bytes | int) -> bool:
         """Delete the SKU: its stock, its orders and its buyers. True if it existed."""
-        return run(self._clear(sku))
+        return run(delete_op(self.keys(sku)))
 
     async def aclear(self, sku: str | bytes | int) -> bool:
-        return await arun(self._clear(sku))
+        return await arun(delete_op(self.keys(sku)))

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from django_redislua.recipes.base import (
     Op,
     arun,
+    delete_op,
     key,
     milliseconds,
     recipe_name,
@@ -164,8 +165,7 @@ class WorkQueue:
 
     def clear(self) -> bool:
         """Delete the queue: every task, pending, in flight and dead. True if it existed."""
-        return bool(run(Op("django_redislua.recipe_delete", self.keys, [], int)))
+        return run(delete_op(self.keys))
 
     async def aclear(self) -> bool:
-        deleted: int = await arun(Op("django_redislua.recipe_delete", self.keys, [], int))
-        return bool(deleted)
+        return await arun(delete_op(self.keys))

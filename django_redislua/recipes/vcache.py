@@ -23,6 +23,7 @@ from django_redislua.recipes.base import (
     Op,
     RecipeUnavailable,
     arun,
+    delete_op,
     key,
     milliseconds,
     recipe_name,
@@ -106,14 +107,10 @@ class VersionedCache:
 
     def delete(self, cache_key: str | bytes | int) -> bool:
         """Forget the entry (its version too); True if it existed."""
-        return bool(run(self._delete(cache_key)))
+        return run(delete_op([self.keys(cache_key).base]))
 
     async def adelete(self, cache_key: str | bytes | int) -> bool:
-        deleted: int = await arun(self._delete(cache_key))
-        return bool(deleted)
-
-    def _delete(self, cache_key: str | bytes | int) -> Op[int]:
-        return Op("django_redislua.recipe_delete", [self.keys(cache_key).base], [], int)
+        return await arun(delete_op([self.keys(cache_key).base]))
 
     def get_or_build(self, cache_key: str | bytes | int, build: Callable[[], R],
                      ttl: float | str = 300, stale_ttl: float | str = 0,

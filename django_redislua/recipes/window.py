@@ -15,6 +15,7 @@ from django_redislua.limiting import clock
 from django_redislua.recipes.base import (
     Op,
     arun,
+    delete_op,
     finite,
     key,
     microseconds,
@@ -95,8 +96,7 @@ class WindowStats:
 
     def reset(self, subject: str | bytes | int) -> bool:
         """Forget ``subject``'s samples; True if there were any."""
-        return bool(run(Op("django_redislua.recipe_delete", [self.key(subject)], [], int)))
+        return run(delete_op([self.key(subject)]))
 
     async def areset(self, subject: str | bytes | int) -> bool:
-        deleted: int = await arun(Op("django_redislua.recipe_delete", [self.key(subject)], [], int))
-        return bool(deleted)
+        return await arun(delete_op([self.key(subject)]))
