@@ -302,13 +302,14 @@ def _checked(reply: Any) -> Any:
     return reply
 
 
-# The O(1) algorithms' packed state (lib/common.lua): struct format, tag byte, field names.
+# The O(1) algorithms' packed state (django_redislua/redislua/lib/<algorithm>.lua): struct
+# format and field names. The algorithm code in every key names the layout.
 PACKED = {
-    "fw": ("<Bdd", 1, ("window start", "count")),
-    "sw": ("<Bddd", 2, ("window start", "current count", "previous count")),
-    "tb": ("<Bddd", 3, ("tokens taken", "refilled at", "refilled at, 1/q us")),
-    "lb": ("<Bdd", 4, ("water, 1/q us", "measured at")),
-    "gc": ("<Bdd", 5, ("TAT", "TAT, 1/q us")),
+    "fw": ("<dd", ("window start", "count")),
+    "sw": ("<ddd", ("window start", "current count", "previous count")),
+    "tb": ("<ddd", ("tokens taken", "refilled at", "refilled at, 1/q us")),
+    "lb": ("<dd", ("water, 1/q us", "measured at")),
+    "gc": ("<dd", ("TAT", "TAT, 1/q us")),
 }
 
 
@@ -317,10 +318,8 @@ def unpack_state(code: str, value: bytes) -> list[tuple[str, str]] | None:
     layout = PACKED.get(code)
     if layout is None or len(value) != struct.calcsize(layout[0]):
         return None
-    tag, *numbers = struct.unpack(layout[0], value)
-    if tag != layout[1]:
-        return None
-    return [(name, f"{number:.0f}") for name, number in zip(layout[2], numbers, strict=True)]
+    numbers = struct.unpack(layout[0], value)
+    return [(name, f"{number:.0f}") for name, number in zip(layout[1], numbers, strict=True)]
 
 
 def _fields(kind: str, raw: Any, code: str) -> list[tuple[str, str]]:

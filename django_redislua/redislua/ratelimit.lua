@@ -21,18 +21,59 @@
 -- retry_after (us; 0 when allowed). On a hit, a gating policy consumes only when every gating
 -- policy allows (a request denied by one consumes nothing from the others); a soft policy
 -- consumes whenever it allows, whatever the others decided.
+--
+-- Each algorithm is a block in lib/ (included whole here and in its single-policy script,
+-- ratelimit_<code>.lua) that reads the locals key, now, limit, param, cost, extra and consume
+-- (true: write the new state if allowed; false: only read, so the driver can decide several
+-- policies before committing any) and sets allowed (boolean), remaining, reset (reset_after,
+-- us) and retry (retry_after, us). A block writes only when consume is true and the request is
+-- allowed. Here each is wrapped in a function of those inputs, defined once per Functions library.
+--
+-- Times and durations are integer microseconds held in Lua numbers (doubles, exact below 2^53).
+-- Numbers passed straight to redis.call are sent exactly ("%.17g"); only concatenation needs
+-- string.format('%.0f'), since Lua's tostring would print 1.7e+15 for a timestamp. Integer
+-- quotients are math.floor(a / b) and math.ceil(a / b), exact for integers |a| < 2^53, b >= 1:
+-- a quotient that is not an integer is at least 1/b from the nearest one, farther than the
+-- rounding of a / b (|a / b| * 2^-53 < 1/b) can move it. The buckets' products stay below
+-- 2^51 (redislua.E007).
 
 local ALGORITHMS = {}
-
---#include lib/common.lua
+ALGORITHMS['fw'] = function(key, now, limit, param, cost, extra, consume)
+  local allowed, remaining, reset, retry
 --#include lib/fixed_window.lua
+  return allowed, remaining, reset, retry
+end
+ALGORITHMS['sl'] = function(key, now, limit, param, cost, extra, consume)
+  local allowed, remaining, reset, retry
 --#include lib/sliding_log.lua
+  return allowed, remaining, reset, retry
+end
+ALGORITHMS['sw'] = function(key, now, limit, param, cost, extra, consume)
+  local allowed, remaining, reset, retry
 --#include lib/sliding_window.lua
+  return allowed, remaining, reset, retry
+end
+ALGORITHMS['tb'] = function(key, now, limit, param, cost, extra, consume)
+  local allowed, remaining, reset, retry
 --#include lib/token_bucket.lua
+  return allowed, remaining, reset, retry
+end
+ALGORITHMS['lb'] = function(key, now, limit, param, cost, extra, consume)
+  local allowed, remaining, reset, retry
 --#include lib/leaky_bucket.lua
+  return allowed, remaining, reset, retry
+end
+ALGORITHMS['gc'] = function(key, now, limit, param, cost, extra, consume)
+  local allowed, remaining, reset, retry
 --#include lib/gcra.lua
+  return allowed, remaining, reset, retry
+end
+ALGORITHMS['cc'] = function(key, now, limit, param, cost, extra, consume)
+  local allowed, remaining, reset, retry
 --#include lib/concurrency.lua
---#include lib/decide_one.lua
+  return allowed, remaining, reset, retry
+end
+
 --#include lib/decide_all.lua
 
 --#per-call

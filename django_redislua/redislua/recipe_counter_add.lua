@@ -9,9 +9,8 @@
 -- ARGV[4]  the period in microseconds (integer >= 1).
 --
 -- Returns {value, 1 when the amount was added else 0}.
+local now = ARGV[1]
 --#include lib/clock.lua
-
-local now = clock_us(ARGV[1])
 local amount, cap, period = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local state = redis.call('HMGET', KEYS[1], 'n', 'until')
 local value, ends = tonumber(state[1]), tonumber(state[2])

@@ -4,9 +4,8 @@
 -- ARGV[1]  now: "" (TIME), "+N" (TIME + N us) or an injected time in us (see lib/clock.lua).
 --
 -- Returns the value.
+local now = ARGV[1]
 --#include lib/clock.lua
-
-local now = clock_us(ARGV[1])
 local state = redis.call('HMGET', KEYS[1], 'n', 'until')
 local value, ends = tonumber(state[1]), tonumber(state[2])
 if not value or not ends or ends <= now then

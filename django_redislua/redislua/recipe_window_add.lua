@@ -10,9 +10,8 @@
 -- ARGV[4]  the number of buckets (integer, 1 to 1000).
 --
 -- Returns 1, or 0 when the sample is older than what the slot holds (a clock that went back).
+local now = ARGV[1]
 --#include lib/clock.lua
-
-local now = clock_us(ARGV[1])
 local width, buckets = tonumber(ARGV[3]), tonumber(ARGV[4])
 local bucket = math.floor(now / width)
 local slot = string.format('%.0f', bucket % buckets)

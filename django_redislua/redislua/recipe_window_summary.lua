@@ -8,9 +8,8 @@
 --
 -- Returns {count, total, minimum, maximum}: numbers as text (exact: "%.17g"), minimum and
 -- maximum "" when the count is 0.
+local now = ARGV[1]
 --#include lib/clock.lua
-
-local now = clock_us(ARGV[1])
 local width, buckets = tonumber(ARGV[2]), tonumber(ARGV[3])
 local bucket = math.floor(now / width)
 local state = redis.call('HGETALL', KEYS[1])

@@ -1,21 +1,14 @@
 -- The driver of ratelimit.lua: one or more policies decided together (a fragment: see
 -- ratelimit.lua for KEYS/ARGV). A function, so that a Functions library defines it once.
 local function decide_all(KEYS, ARGV)
-  if #KEYS == 1 then
-    return decide_one(KEYS, ARGV)
-  end
   local now = ARGV[2]
-  if now == '' then
-    local t = redis.call('TIME')
-    now = t[1] * 1000000 + t[2]
-  else
-    now = given_now(now)
-  end
+--#include lib/clock.lua
   local hit = ARGV[1] == 'hit' or ARGV[1] == 'soft'
 
-  -- Several policies: decide every one without writing; then, on a hit, decide again consuming
-  -- those that may consume. Keys are distinct and nothing was written in between, so the second
-  -- pass decides the same as the first for every policy it touches.
+  -- Decide every policy without writing; then, on a hit, decide again consuming those that may
+  -- consume. Keys are distinct and nothing was written in between, so the second pass decides
+  -- the same as the first for every policy it touches. (The engine sends a single policy to
+  -- its algorithm's own script, which decides once.)
   local function decide_policy(i, consume)
     local o = 3 + 6 * (i - 1)
     local algorithm = ALGORITHMS[ARGV[o]]

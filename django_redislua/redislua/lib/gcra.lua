@@ -2,29 +2,31 @@
 -- (TAT). The emission interval is P / Q microseconds exactly (the rate's period over its count,
 -- reduced), so a rate of 10^7/s is P = 1, Q = 10, with no rounding to whole microseconds.
 -- A request of COST is admitted if TAT + cost * interval - now <= burst * interval.
--- Key: struct '<Bdd': tag 5, a, b, the TAT being a + b / Q microseconds (0 <= b < Q); expires
+-- Key: struct '<dd': a, b, the TAT being a + b / Q microseconds (0 <= b < Q); expires
 -- when the TAT passes (the state is full again). Arithmetic is done in units of 1/Q us, in integers.
 -- Params: limit = burst (requests admitted back to back from rest), param = P, cost, extra = Q.
-ALGORITHMS['gc'] = function(key, now, burst, p, cost, extra, consume)
-  local q = tonumber(extra)
+-- An algorithm block (see ratelimit.lua).
+do
+  local p, q = param, tonumber(extra)
   local a, b = now, 0
   local state = redis.call('GET', key)
-  if state and #state == 17 then
-    local tag, sa, sb = struct.unpack('<Bdd', state)
-    if tag == 5 then a, b = sa, sb end
-  end
+  if state and #state == 16 then a, b = struct.unpack('<dd', state) end
   if a < now then a, b = now, 0 end  -- a TAT in the past: the bucket is full
   local lead = (a - now) * q + b      -- TAT - now, in 1/Q us
   local step = cost * p
-  local tolerance = burst * p
-  if lead + step > tolerance then
-    return false, idiv(tolerance - lead, p), cdiv(lead, q), cdiv(lead + step - tolerance, q)
-  end
-  if consume then
+  local tolerance = limit * p
+  allowed, retry = lead + step <= tolerance, 0
+  if not allowed then
+    retry = math.ceil((lead + step - tolerance) / q)
+  elseif consume then
     local nb = b + step
-    a, b = a + idiv(nb, q), nb - idiv(nb, q) * q
+    local whole = math.floor(nb / q)
+    a, b = a + whole, nb - whole * q
     lead = lead + step
-    redis.call('SET', key, struct.pack('<Bdd', 5, a, b), 'PX', ttl_ms(cdiv(lead, q)))
   end
-  return true, idiv(tolerance - lead, p), cdiv(lead, q), 0
+  remaining, reset = math.floor((tolerance - lead) / p), math.ceil(lead / q)
+  if allowed and consume then
+    -- (LEAD >= STEP >= 1 after a hit, so RESET >= 1 us, and its ceiling in ms >= 1)
+    redis.call('SET', key, struct.pack('<dd', a, b), 'PX', math.ceil(reset / 1000))
+  end
 end

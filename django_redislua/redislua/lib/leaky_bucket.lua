@@ -2,32 +2,33 @@
 -- water into a bucket of LIMIT intervals that drains continuously, one microsecond of water per
 -- microsecond. A request is admitted while its water fits. Denied requests pour nothing.
 -- Water is counted in units of 1/Q us, in integers.
--- Key: struct '<Bdd': tag 4, the water level (1/Q us), the time it was measured (us); expires
+-- Key: struct '<dd': the water level (1/Q us), the time it was measured (us); expires
 -- when empty.
 -- Params: limit = capacity in requests (burst), param = P, cost, extra = Q.
-ALGORITHMS['lb'] = function(key, now, capacity, p, cost, extra, consume)
-  local q = tonumber(extra)
+-- An algorithm block (see ratelimit.lua).
+do
+  local p, q = param, tonumber(extra)
   local level, at = 0, now
   local state = redis.call('GET', key)
-  if state and #state == 17 then
-    local tag, l, t = struct.unpack('<Bdd', state)
-    if tag == 4 then level, at = l, t end
-  end
+  if state and #state == 16 then level, at = struct.unpack('<dd', state) end
   if now > at then
-    level, at = math.max(0, level - (now - at) * q), now
+    level, at = level - (now - at) * q, now
+    if level < 0 then level = 0 end
   end
   -- A clock that went back (now < at) drains nothing, and the level stays measured at AT, so the
   -- time between now and at is never drained twice.
   local lag = at - now  -- 0 unless the clock went back: the draining resumes only at AT
-  local size = capacity * p
+  local size = limit * p
   local poured = level + cost * p
-  if poured > size then
-    return false, idiv(size - level, p), cdiv(level, q) + lag, cdiv(poured - size, q) + lag
-  end
-  if consume then
-    redis.call('SET', key, struct.pack('<Bdd', 4, poured, at), 'PX',
-               ttl_ms(cdiv(poured, q) + lag))
+  allowed, retry = poured <= size, 0
+  if not allowed then
+    retry = math.ceil((poured - size) / q) + lag
+  elseif consume then
     level = poured
   end
-  return true, idiv(size - level, p), cdiv(level, q) + lag, 0
+  remaining, reset = math.floor((size - level) / p), math.ceil(level / q) + lag
+  if allowed and consume then
+    -- (LEVEL >= cost * p >= 1 after a hit and LAG >= 0: RESET >= 1, its ceiling in ms >= 1)
+    redis.call('SET', key, struct.pack('<dd', level, at), 'PX', math.ceil(reset / 1000))
+  end
 end

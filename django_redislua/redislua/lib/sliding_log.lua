@@ -3,10 +3,15 @@
 -- PERIOD after the newest hit.
 -- Params: limit = hits per period, param = period (us), cost = entries to add (<= limit),
 -- extra = a nonce unique to this call, so concurrent hits in one microsecond stay distinct.
-ALGORITHMS['sl'] = function(key, now, limit, period, cost, extra, consume)
+-- An algorithm block (see ratelimit.lua). Scores go in as exact integers ('%.0f': Lua's own
+-- tostring would print 1.7e+15 for a timestamp).
+do
+  local period = param
   local horizon = now - period
-  local count = redis.call('ZCOUNT', key, '(' .. int(horizon), '+inf')
-  local allowed = count + cost <= limit
+  local after = string.format('(%.0f', horizon)
+  local count = redis.call('ZCOUNT', key, after, '+inf')
+  allowed, reset, retry = count + cost <= limit, 0, 0
+  remaining = limit - count
   if allowed and consume then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', horizon)
     -- One entry per unit of cost, added in chunks: unpack() of more than a few thousand values
@@ -22,19 +27,18 @@ ALGORITHMS['sl'] = function(key, now, limit, period, cost, extra, consume)
       redis.call('ZADD', key, unpack(args))
       added = added + chunk
     end
-    redis.call('PEXPIRE', key, ttl_ms(period))
-    return true, limit - count - cost, period, 0
+    redis.call('PEXPIRE', key, math.ceil(period / 1000))
+    remaining, reset = remaining - cost, period
+  else
+    if count > 0 then
+      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      reset = tonumber(newest[2]) + period - now
+    end
+    if not allowed then
+      -- Wait until enough of the oldest live entries have aged out.
+      local entry = redis.call('ZRANGEBYSCORE', key, after, '+inf', 'WITHSCORES', 'LIMIT',
+                               count + cost - limit - 1, 1)
+      retry = tonumber(entry[2]) + period - now
+    end
   end
-  local reset, retry = 0, 0
-  if count > 0 then
-    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    reset = tonumber(newest[2]) + period - now
-  end
-  if not allowed then
-    -- Wait until enough of the oldest live entries have aged out.
-    local entry = redis.call('ZRANGEBYSCORE', key, '(' .. int(horizon), '+inf',
-                             'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
-    retry = tonumber(entry[2]) + period - now
-  end
-  return allowed, limit - count, reset, retry
 end
