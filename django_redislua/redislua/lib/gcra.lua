@@ -7,7 +7,7 @@
 -- Params: limit = burst (requests admitted back to back from rest), param = P, cost, extra = Q.
 -- An algorithm block (see ratelimit.lua).
 do
-  local p, q = param, tonumber(extra)
+  local p, q = param, extra + 0
   local a, b = now, 0
   local state = redis.call('GET', key)
   if state and #state == 16 then a, b = struct.unpack('<dd', state) end

@@ -7,7 +7,7 @@
 -- Params: limit = capacity in requests (burst), param = P, cost, extra = Q.
 -- An algorithm block (see ratelimit.lua).
 do
-  local p, q = param, tonumber(extra)
+  local p, q = param, extra + 0
   local level, at = 0, now
   local state = redis.call('GET', key)
   if state and #state == 16 then level, at = struct.unpack('<dd', state) end

@@ -8,7 +8,7 @@
 -- An algorithm block (see ratelimit.lua).
 do
   local period = param
-  local window = now - math.fmod(now, period)
+  local window = now - now % period  -- (exact: see ratelimit.lua on division)
   local stored, cur, prev
   local state = redis.call('GET', key)
   if state and #state == 24 then stored, cur, prev = struct.unpack('<ddd', state) end
@@ -44,7 +44,8 @@ do
     redis.call('SET', key, struct.pack('<ddd', window, cur, prev), 'PX',
                math.ceil((2 * period - elapsed) / 1000))
   end
-  remaining = math.floor(math.max(0, limit * period - weighted - cur * period) / period)
+  local left = limit * period - weighted - cur * period
+  remaining = left > 0 and math.floor(left / period) or 0
   reset = 0
   if cur > 0 then reset = 2 * period - elapsed elseif prev > 0 then reset = period - elapsed end
 end

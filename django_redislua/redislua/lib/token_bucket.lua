@@ -7,7 +7,7 @@
 -- Params: limit = capacity (burst), param = P, cost = tokens to take, extra = Q.
 -- An algorithm block (see ratelimit.lua).
 do
-  local capacity, p, q = limit, param, tonumber(extra)
+  local capacity, p, q = limit, param, extra + 0
   local taken, a, b
   local state = redis.call('GET', key)
   if state and #state == 24 then taken, a, b = struct.unpack('<ddd', state) end
@@ -15,7 +15,7 @@ do
     taken, a, b = 0, now, 0
   else
     local elapsed = (now - a) * q - b  -- since the last refill, in 1/Q us
-    if elapsed > 0 then  -- (a clock that went back refills nothing)
+    if elapsed >= p then  -- a token at least (a clock that went back refills nothing)
       local refill = math.floor(elapsed / p)
       if refill >= taken then
         taken, a, b = 0, now, 0
