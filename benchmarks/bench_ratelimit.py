@@ -166,19 +166,24 @@ def min_args(algorithm_code: str = "fw") -> list[Any]:
 
 
 def minimal_script(client: Any, functions: bool) -> Call:
-    """The minimal TIME + GET + SET PX script, through our lean channel, shaped like ours."""
+    """The minimal TIME + GET + SET PX script, through our lean channel, shaped like ours: the
+    same ARGV, and a state key of the same shape as a policy's (a longer key costs the server
+    about 1.5% more per call)."""
+    from django_redislua.conf import settings
     from django_redislua.lean import channel_for
 
     channel = channel_for(client)
     send = channel.call if channel is not None else client.execute_command
     args = min_args()
+    prefix = f"{settings.KEY_PREFIX}:minimal:fw:"
     if functions:
         client.function_load(
             f"#!lua name={MIN_LIBRARY}\nredis.register_function('{MIN_LIBRARY}', "
             f"function(KEYS, ARGV)\n{MIN_BODY}\nend)", replace=True)
-        return lambda key: send("FCALL", MIN_LIBRARY, 1, key, *args)
-    sha = client.script_load(MIN_BODY)
-    return lambda key: send("EVALSHA", sha, 1, key, *args)
+        head: tuple[Any, ...] = ("FCALL", MIN_LIBRARY, 1)
+    else:
+        head = ("EVALSHA", client.script_load(MIN_BODY), 1)
+    return lambda key: send(*head, f"{prefix}{{{key}}}", *args)
 
 
 def baselines(client: Any, functions: bool) -> list[Contender]:
