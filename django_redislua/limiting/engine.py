@@ -22,7 +22,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from django_redislua import metrics
+from django_redislua import conf, metrics
 from django_redislua.connection import (
     CLIENT_ERRORS,
     AsyncClient,
@@ -39,7 +39,7 @@ Check = tuple[Policy, str | bytes | int, int]
 US = 1_000_000.0
 NEVER = math.inf  # retry_after of a denial no wait can lift (a zero rate, a cost above capacity)
 SCRIPT = "django_redislua.ratelimit"
-# A single check goes to its algorithm's own script, which defines nothing else (ratelimit_fw.lua).
+# A single check goes to its algorithm's own flat script (ratelimit_fw.lua): no function in it.
 SCRIPT_ONE = {code: f"{SCRIPT}_{code}" for code in ("fw", "sl", "sw", "tb", "lb", "gc", "cc")}
 CLUSTER_CLIENTS = (RedisCluster, AsyncRedisCluster)
 
@@ -105,9 +105,12 @@ class _One:
             if self.decision is not None:
                 return
         self.extra = extra = _extra(policy)
-        self.script = script = _single_script(policy.code)
-        self.command = (*script.head(), 1, key, "peek" if peek else "hit", clock.script_now(now_us),
-                        policy.code, policy.limit, policy.param, cost, extra, "1")
+        call = policy._single_call
+        if call[0] != conf.generation:
+            call = _single_call(policy)
+        self.script = call[1]
+        self.command = (*call[2], key, "peek" if peek else "hit", clock.script_now(now_us),
+                        *call[3], cost, extra, "1")
 
     def result(self, reply: Sequence[int]) -> Decision:
         policy = self.policy
@@ -122,17 +125,15 @@ class _One:
 # Decision's fields as one tuple, without the Python-level __new__ a named tuple calls.
 _decision = functools.partial(tuple.__new__, Decision)
 
-# algorithm code -> the script deciding one check of it (see SCRIPT_ONE); scripts are discovered
-# once, so this never goes stale (their command heads follow the settings: Script.head).
-_single: dict[str, Script] = {}
-
-
-def _single_script(code: str) -> Script:
-    try:
-        return _single[code]
-    except KeyError:
-        script = _single[code] = get_script(SCRIPT_ONE[code])
-        return script
+def _single_call(policy: Policy) -> tuple[int, Script, tuple[Any, ...], tuple[Any, ...]]:
+    """What a single check of ``policy`` sends, cached on the policy per settings (the command
+    head follows USE_FUNCTIONS): the generation, its algorithm's own script (see SCRIPT_ONE),
+    the command up to the key ("EVALSHA", sha, 1) and the policy's three arguments after the
+    mode and the time (code, limit, param)."""
+    script = get_script(SCRIPT_ONE[policy.code])
+    call = policy._single_call = (
+        conf.generation, script, (*script.head(), 1), (policy.code, policy.limit, policy.param))
+    return call
 
 
 class _Plan:
