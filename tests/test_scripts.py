@@ -16,7 +16,18 @@ def test_package_and_app_scripts_are_discovered():
 def test_includes_are_expanded_into_one_script():
     source = get_script("django_redislua.ratelimit").source
     assert "--#include" not in source
-    assert "ALGORITHMS['gc']" in source and "ALGORITHMS['fw']" in source
+    assert "code == 'gc'" in source and "code == 'fw'" in source
+    assert 'gcra ("gc"): the generic cell rate algorithm' in source  # lib/gcra.lua's block
+
+
+@pytest.mark.parametrize("code", ["fw", "sw", "sl", "tb", "lb", "gc", "cc"])
+def test_single_policy_scripts_define_no_function(code):
+    """An EVALSHA re-creates every function its script defines, on every call: the scripts a
+    single check runs are flat (lib/*.lua blocks), so none is defined per decision."""
+    source = get_script(f"django_redislua.ratelimit_{code}").source
+    code_lines = [line.split("--")[0] for line in source.splitlines()]
+    assert not [line for line in code_lines if "function" in line]
+    assert "--#include" not in source
 
 
 def test_app_script_runs(r):

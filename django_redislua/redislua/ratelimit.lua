@@ -27,7 +27,8 @@
 -- (true: write the new state if allowed; false: only read, so the driver can decide several
 -- policies before committing any) and sets allowed (boolean), remaining, reset (reset_after,
 -- us) and retry (retry_after, us). A block writes only when consume is true and the request is
--- allowed. Here each is wrapped in a function of those inputs, defined once per Functions library.
+-- allowed. Here they are the branches of one function of those inputs, decide_policy, defined
+-- once per Functions library.
 --
 -- Times and durations are integer microseconds held in Lua numbers (doubles, exact below 2^53).
 -- Numbers passed straight to redis.call are sent exactly ("%.17g"); only concatenation needs
@@ -37,40 +38,26 @@
 -- rounding of a / b (|a / b| * 2^-53 < 1/b) can move it. The buckets' products stay below
 -- 2^51 (redislua.E007).
 
-local ALGORITHMS = {}
-ALGORITHMS['fw'] = function(key, now, limit, param, cost, extra, consume)
+-- One policy decided by its algorithm's block; nil for an unknown algorithm code.
+local function decide_policy(code, key, now, limit, param, cost, extra, consume)
   local allowed, remaining, reset, retry
+  if code == 'fw' then
 --#include lib/fixed_window.lua
-  return allowed, remaining, reset, retry
-end
-ALGORITHMS['sl'] = function(key, now, limit, param, cost, extra, consume)
-  local allowed, remaining, reset, retry
+  elseif code == 'sl' then
 --#include lib/sliding_log.lua
-  return allowed, remaining, reset, retry
-end
-ALGORITHMS['sw'] = function(key, now, limit, param, cost, extra, consume)
-  local allowed, remaining, reset, retry
+  elseif code == 'sw' then
 --#include lib/sliding_window.lua
-  return allowed, remaining, reset, retry
-end
-ALGORITHMS['tb'] = function(key, now, limit, param, cost, extra, consume)
-  local allowed, remaining, reset, retry
+  elseif code == 'tb' then
 --#include lib/token_bucket.lua
-  return allowed, remaining, reset, retry
-end
-ALGORITHMS['lb'] = function(key, now, limit, param, cost, extra, consume)
-  local allowed, remaining, reset, retry
+  elseif code == 'lb' then
 --#include lib/leaky_bucket.lua
-  return allowed, remaining, reset, retry
-end
-ALGORITHMS['gc'] = function(key, now, limit, param, cost, extra, consume)
-  local allowed, remaining, reset, retry
+  elseif code == 'gc' then
 --#include lib/gcra.lua
-  return allowed, remaining, reset, retry
-end
-ALGORITHMS['cc'] = function(key, now, limit, param, cost, extra, consume)
-  local allowed, remaining, reset, retry
+  elseif code == 'cc' then
 --#include lib/concurrency.lua
+  else
+    return nil
+  end
   return allowed, remaining, reset, retry
 end
 

@@ -9,19 +9,15 @@ local function decide_all(KEYS, ARGV)
   -- consume. Keys are distinct and nothing was written in between, so the second pass decides
   -- the same as the first for every policy it touches. (The engine sends a single policy to
   -- its algorithm's own script, which decides once.)
-  local function decide_policy(i, consume)
+  local function decide(i, consume)
     local o = 3 + 6 * (i - 1)
-    local algorithm = ALGORITHMS[ARGV[o]]
-    if not algorithm then
-      return nil
-    end
-    return algorithm(KEYS[i], now, tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]),
-                     tonumber(ARGV[o + 3]), ARGV[o + 4], consume)
+    return decide_policy(ARGV[o], KEYS[i], now, tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]),
+                         tonumber(ARGV[o + 3]), ARGV[o + 4], consume)
   end
 
   local reply, gates_allow = {}, ARGV[1] ~= 'soft'
   for i = 1, #KEYS do
-    local allowed, remaining, reset, retry = decide_policy(i, false)
+    local allowed, remaining, reset, retry = decide(i, false)
     if allowed == nil then
       return redis.error_reply('ERR redislua: unknown algorithm ' .. tostring(ARGV[3 + 6 * (i - 1)]))
     end
@@ -35,7 +31,7 @@ local function decide_all(KEYS, ARGV)
     for i = 1, #KEYS do
       local gate = ARGV[3 + 6 * (i - 1) + 5] == '1'
       if reply[4 * i - 3] == 1 and (gates_allow or not gate) then
-        local allowed, remaining, reset, retry = decide_policy(i, true)
+        local allowed, remaining, reset, retry = decide(i, true)
         reply[4 * i - 2] = math.max(0, remaining)
         reply[4 * i - 1] = math.max(0, reset)
         reply[4 * i] = math.max(0, retry)
