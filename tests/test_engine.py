@@ -373,6 +373,19 @@ def test_a_dynamic_rate_must_be_resolved_first() -> None:
     assert resolved.redis_key("k") == policy.redis_key("k")
 
 
+@pytest.mark.parametrize("algorithm", ["fixed_window", "gcra", "sliding_log"])
+def test_a_rate_derived_after_the_parent_decided_sends_its_own_limit(algorithm: str) -> None:
+    """with_rate copies the policy, caches included: the single check's cached command head
+    must not carry the parent's limit or period into the derived policy's calls."""
+    parent = Policy(f"derived_{algorithm}", rate="100/h", algorithm=algorithm)
+    assert parent.hit("who").allowed  # caches what the parent's single check sends
+    strict = parent.with_rate("1/h")
+    first, second = strict.hit("other"), strict.hit("other")
+    assert (first.allowed, first.limit, first.remaining) == (True, 1, 0)
+    assert not second.allowed and second.retry_after > 3000
+    assert parent.hit("who").remaining == 98  # and the parent keeps its own
+
+
 # -- identities ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(

@@ -110,7 +110,7 @@ class _One:
             call = _single_call(policy)
         self.script = call[1]
         self.command = (*call[2], key, "peek" if peek else "hit", clock.script_now(now_us),
-                        *call[3], cost, extra, "1")
+                        policy.code, policy.limit, policy.param, cost, extra, "1")
 
     def result(self, reply: Sequence[int]) -> Decision:
         policy = self.policy
@@ -125,14 +125,14 @@ class _One:
 # Decision's fields as one tuple, without the Python-level __new__ a named tuple calls.
 _decision = functools.partial(tuple.__new__, Decision)
 
-def _single_call(policy: Policy) -> tuple[int, Script, tuple[Any, ...], tuple[Any, ...]]:
-    """What a single check of ``policy`` sends, cached on the policy per settings (the command
-    head follows USE_FUNCTIONS): the generation, its algorithm's own script (see SCRIPT_ONE),
-    the command up to the key ("EVALSHA", sha, 1) and the policy's three arguments after the
-    mode and the time (code, limit, param)."""
+def _single_call(policy: Policy) -> tuple[int, Script, tuple[Any, ...]]:
+    """The script a single check of ``policy`` runs (its algorithm's own, see SCRIPT_ONE) and
+    the command up to the key ("EVALSHA", sha, 1), cached on the policy with the settings
+    generation (the head follows USE_FUNCTIONS). Only what the algorithm code and the settings
+    decide: a policy derived with another rate (``with_rate``) copies the cache, and reads its
+    own limit and period."""
     script = get_script(SCRIPT_ONE[policy.code])
-    call = policy._single_call = (
-        conf.generation, script, (*script.head(), 1), (policy.code, policy.limit, policy.param))
+    call = policy._single_call = (conf.generation, script, (*script.head(), 1))
     return call
 
 

@@ -136,7 +136,7 @@ class Policy:
         # (settings generation, "<KEY_PREFIX>:<name>:<code>:{"): see redis_key
         self._key_head: tuple[int, str] = (-1, "")
         # The engine's cache of what a single check sends (engine._single_call).
-        self._single_call: tuple[int, Any, tuple[Any, ...], tuple[Any, ...]] = (-1, None, (), ())
+        self._single_call: tuple[int, Any, tuple[Any, ...]] = (-1, None, ())
 
         if algorithm == "concurrency":
             if limit is None:
