@@ -14,6 +14,7 @@ from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
 from django.test import Client
+from django.utils.html import escape
 from redis.cluster import RedisCluster
 
 from django_redislua import get_policy
@@ -452,6 +453,15 @@ def fill(r: Any, count: int) -> None:
             conn.eval(_FILL, 0, f"other:{{{tag}}}:", start, min(stop, start + 10_000) - 1)
 
 
+def assert_scan_links(html: str, more_url: str | None, page_number: int) -> None:
+    """The paging links of a SCAN-paged page (scan_links.html): "first page" from the second
+    page on, "more…" to exactly the next page's URL while the scan has more."""
+    assert ("first page</a>" in html) == (page_number > 1)
+    assert ("redislua-more" in html) == (more_url is not None)
+    if more_url is not None:
+        assert f'<a href="{escape(more_url)}" class="redislua-more">more…</a>' in html
+
+
 def test_paging_with_100k_keys_present(
     login_as: Callable[..., Client], r: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -478,8 +488,7 @@ def test_paging_with_100k_keys_present(
         assert len(page.keys) <= inspect.PAGE_SIZE + inspect.MAX_SCAN_COUNT
         seen.update(state.key for state in page.keys)
         url = response.context["more_url"]
-        if url:
-            assert "more…" in response.content.decode()
+        assert_scan_links(response.content.decode(), url, pages)
     with capsys.disabled():
         print(
             f"\nadmin paging, {NOISE + OURS} keys: first page {timings[0] * 1000:.0f} ms, "
@@ -500,6 +509,7 @@ def test_paging_with_100k_keys_present(
         assert response.context["scan_calls"] <= inspect.MAX_SCAN_CALLS
         found += [row["lock"].name for row in response.context["rows"]]
         url = response.context["more_url"]
+        assert_scan_links(response.content.decode(), url, pages)
     assert found == ["needle"]
     held.release()
 

@@ -23,7 +23,7 @@ from django_redislua.recipes import (
     WorkQueue,
     inspect,
 )
-from tests.test_admin import fill
+from tests.test_admin import assert_scan_links, fill
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.testapp.admin_urls"),
               pytest.mark.topologies]
@@ -213,6 +213,7 @@ def test_paging_is_bounded_and_finds_every_instance_once(
             seen += [row.subject for row in page.counters]
             queues += [row.name for row in page.queues]
             url = response.context["more_url"]
+            assert_scan_links(response.content.decode(), url, pages)
     assert sorted(seen) == sorted(f"user:{n}" for n in range(120))
     assert queues == ["emails"]
     assert pages > 1
