@@ -930,6 +930,24 @@ class CommandRecorder:
             if e.get("client_type") != "lua"
         ]
 
+    # What a client sends when it (re)connects, before any command of its caller: redis-py's
+    # HELLO (RESP3), AUTH and SELECT, and CLIENT SETINFO (which Redis 7.2+ and Valkey accept and
+    # record, and older servers reject before MONITOR sees it).
+    HANDSHAKE = frozenset({"HELLO", "AUTH", "SELECT", "CLIENT SETINFO", "CLIENT SETNAME"})
+
+    @property
+    def commands_without_handshake(self) -> list[str]:
+        """:attr:`commands` without the connection handshakes among them (:attr:`HANDSHAKE`):
+        what callers sent, whichever server records which handshake commands."""
+        names = []
+        for entry in self.entries:
+            if entry.get("client_type") == "lua":
+                continue
+            words = str(entry["command"]).upper().split(" ", 2)
+            if words[0] not in self.HANDSHAKE and " ".join(words[:2]) not in self.HANDSHAKE:
+                names.append(words[0])
+        return names
+
     @property
     def script_commands(self) -> list[str]:
         return [

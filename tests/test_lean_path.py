@@ -115,8 +115,8 @@ def recorded(server: RedisServer) -> CommandRecorder:
 
 
 def calls(rec: CommandRecorder) -> list[str]:
-    """What clients sent, without the reconnect handshake (``HELLO 3``)."""
-    return [c for c in rec.commands if c != "HELLO"]
+    """What clients sent, without the reconnect handshake (``HELLO 3``, ``CLIENT SETINFO``)."""
+    return rec.commands_without_handshake
 
 
 def restart(server: RedisServer) -> None:

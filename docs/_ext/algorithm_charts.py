@@ -129,8 +129,16 @@ def run_concurrency() -> Run:
 
 
 def draw(runs: dict[str, Run], directory: Path) -> None:
+    import logging
+
     import matplotlib
 
+    # On a machine where matplotlib never ran, importing pyplot builds its per-user font cache
+    # and logs about it ("generated new fontManager", and a warning when that takes over 5 s).
+    # Those notices are about matplotlib's cache, not these docs; a docs dependency
+    # (accessible-pygments) routes every INFO record to stderr, which the -W build must keep
+    # empty. Only the font manager's notices are held back.
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
