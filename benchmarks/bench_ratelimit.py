@@ -1,6 +1,7 @@
 """Rate-limit benchmark: every figure of issue #13 in one command and one run.
 
-    .venv/bin/python benchmarks/bench_ratelimit.py [--quick] [--functions] [--json PATH]
+    .venv/bin/python benchmarks/bench_ratelimit.py [--quick] [--functions] [--reference]
+        [--json PATH]
         [--chart PATH | --no-chart] [--max-seconds 300] [--seed N]
 
 Uses REDIS_URL if set (loopback only), else starts its own loopback server
@@ -136,6 +137,9 @@ class Settings:
 
 # -- set-up -------------------------------------------------------------------------------------
 
+REFERENCE_ENV = "REDISLUA_BENCH_REFERENCE"
+
+
 def setup_django(url: str, functions: bool) -> None:
     import django
     from django.conf import settings
@@ -145,7 +149,10 @@ def setup_django(url: str, functions: bool) -> None:
         CACHES={"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": url}},
         REDISLUA={"CONNECTION": url, "SOCKET_TIMEOUT": 5, "USE_FUNCTIONS": functions,
                   # The peers record no metrics: like with like (docs/observability.md).
-                  "METRICS": []},
+                  "METRICS": [],
+                  # --reference: redis-py's pooled connections per call (lean transport off);
+                  # an environment variable, so the throughput worker processes follow it.
+                  "LEAN_CALLS": os.environ.get(REFERENCE_ENV) != "1"},
         RATELIMIT_USE_CACHE="default",
         SECRET_KEY="bench",
         USE_TZ=True,
@@ -166,14 +173,12 @@ def min_args(algorithm_code: str = "fw") -> list[Any]:
 
 
 def minimal_script(client: Any, functions: bool) -> Call:
-    """The minimal TIME + GET + SET PX script, through our lean channel, shaped like ours: the
-    same ARGV, and a state key of the same shape as a policy's (a longer key costs the server
-    about 1.5% more per call)."""
+    """The minimal TIME + GET + SET PX script, through our transport (the lean one where it
+    applies), shaped like ours: the same ARGV, and a state key of the same shape as a policy's
+    (a longer key costs the server about 1.5% more per call)."""
     from django_redislua.conf import settings
-    from django_redislua.lean import channel_for
 
-    channel = channel_for(client)
-    send = channel.call if channel is not None else client.execute_command
+    send = transport_send()
     args = min_args()
     prefix = f"{settings.KEY_PREFIX}:minimal:fw:"
     if functions:
@@ -186,9 +191,15 @@ def minimal_script(client: Any, functions: bool) -> Call:
     return lambda key: send(*head, f"{prefix}{{{key}}}", *args)
 
 
-def baselines(client: Any, functions: bool) -> list[Contender]:
-    from django_redislua.lean import channel_for
+def transport_send() -> Callable[..., Any]:
+    """``send(*command)``: one command through the app's sync transport, sent once."""
+    from django_redislua.transport import get_transport
 
+    transport = get_transport()
+    return lambda *command: transport.reply(command)  # type: ignore[attr-defined]
+
+
+def baselines(client: Any, functions: bool) -> list[Contender]:
     conn = client.connection_pool.make_connection()  # dedicated: no pool, no retry, no checks
     conn.connect()
 
@@ -196,14 +207,12 @@ def baselines(client: Any, functions: bool) -> list[Contender]:
         conn.send_command("INCR", key)
         return conn.read_response()
 
-    channel = channel_for(client)
+    send = transport_send()
     found = [
         Contender("redis-py INCR", "baseline", "INCR", client.incr),
         Contender("lean floor INCR", "baseline", "INCR", lean_floor),
+        Contender("lean channel INCR", "baseline", "INCR", lambda key: send("INCR", key)),
     ]
-    if channel is not None:
-        found.append(Contender("lean channel INCR", "baseline", "INCR",
-                               lambda key: channel.call("INCR", key)))
     found.append(Contender("min TIME+GET+SET PX", "baseline", "script",
                            minimal_script(client, functions)))
     return found
@@ -700,6 +709,8 @@ def header(url: str, client: Any, s: Settings) -> dict[str, Any]:
     except ImportError:
         hiredis_version = "no"
     info = client.info("server")
+    from django_redislua.transport import get_transport
+
     return {
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs",
         "load_average": [round(x, 2) for x in os.getloadavg()],
@@ -711,6 +722,7 @@ def header(url: str, client: Any, s: Settings) -> dict[str, Any]:
                   f"{info.get('valkey_version', info['redis_version'])}",
         "url": url,
         "mode": "FCALL (USE_FUNCTIONS)" if s.functions else "EVALSHA",
+        "transport": type(get_transport().source).__name__,  # type: ignore[attr-defined]
         "settings": {k: v for k, v in vars(s).items() if k != "extra"},
     }
 
@@ -957,6 +969,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a ~1 minute smoke run")
     parser.add_argument("--functions", action="store_true",
                         help="ours as Redis Functions (REDISLUA USE_FUNCTIONS=True)")
+    parser.add_argument("--reference", action="store_true",
+                        help="ours on the reference transport (REDISLUA LEAN_CALLS=False)")
     parser.add_argument("--json", type=Path, help="write every figure as JSON here")
     parser.add_argument("--chart", type=Path, default=DEFAULT_CHART)
     parser.add_argument("--no-chart", action="store_true")
@@ -975,6 +989,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float)
     parser.add_argument("--seed", type=int, default=20240613)
     options = parser.parse_args(argv)
+    if options.reference:
+        os.environ[REFERENCE_ENV] = "1"
     s = settings_from(options)
     rng = random.Random(s.seed)
     began = time.monotonic()

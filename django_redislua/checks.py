@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
@@ -18,6 +19,7 @@ from django_redislua.limiting.policy import POLICY_OPTIONS, PolicyError
 from django_redislua.limiting.registry import build_policy
 from django_redislua.links import check_url
 from django_redislua.request_layer import rule_for_name
+from django_redislua.transport import ASYNC_CLUSTER_PUBSUB, POLL_INTERVAL
 from django_redislua.urlconf import url_views, view_targets
 
 
@@ -39,9 +41,18 @@ def _connection(config: dict[str, Any]) -> list[CheckMessage]:
         ]
     caches = getattr(django_settings, "CACHES", {})
     try:
-        resolve_endpoint(target, caches)
+        endpoint = resolve_endpoint(target, caches)
     except ConnectionConfigError as exc:
         return [_error(exc.check_id, str(exc))]
+    if endpoint.kind == "cluster" and not ASYNC_CLUSTER_PUBSUB:
+        return [Warning(
+            f"redis-py {redis.__version__} has no asyncio cluster pub/sub: on this cluster, "
+            "asyncio lock, semaphore, run_once and single_flight waits are not woken by a "
+            f"release but try again every {POLL_INTERVAL * 1000:g} ms.",
+            hint=f"Upgrade redis-py to 8.0 or newer for waits woken on release (sync waits are "
+                 f"woken on every version). See {check_url('redislua.W004')}",
+            id="redislua.W004",
+        )]
     return []
 
 

@@ -90,6 +90,13 @@ def on_change(callback: Any) -> Any:
     return callback
 
 
+def on_change_first(callback: Any) -> Any:
+    """:func:`on_change`, run before the others: what gives connections back to a pool (the
+    transports) runs before what closes the pool's idle connections (the clients)."""
+    _on_change.insert(0, callback)
+    return callback
+
+
 class Settings:
     """Typed, always-current view of ``settings.REDISLUA``."""
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -33,7 +35,6 @@ import redis.sentinel
 from asgiref.sync import AsyncToSync
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
-from redis._parsers import AsyncCommandsParser, CommandsParser
 from redis.backoff import NoBackoff
 
 from django_redislua.conf import on_change, settings
@@ -339,54 +340,14 @@ def _cache_sync_client(endpoint: Endpoint) -> redis.Redis | None:
     return client
 
 
-def _function_keys(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """The keys of ``FCALL``/``FCALL_RO function numkeys key... arg...``, None for any other
-    command."""
-    if len(args) < 3 or str(args[0]).upper() not in ("FCALL", "FCALL_RO"):
-        return None
-    return tuple(args[3 : 3 + int(args[2])])
-
-
-# redis-py's cluster clients find EVALSHA's keys locally but FCALL's by sending COMMAND GETKEYS
-# to the client's default node, once per call: a second round trip on every decision, and
-# after that node dies, an error before redis-py's own recovery runs, so with USE_FUNCTIONS
-# every call failed for as long as the process lived. These parsers read FCALL's keys from
-# the command, as redis-py does for EVALSHA; pipelines share their client's parser.
-class _SyncClusterKeys(CommandsParser):
-    def __init__(self, parser: CommandsParser) -> None:
-        # Takes over what ``parser`` learned from COMMAND instead of asking the server again.
-        self.__dict__.update(parser.__dict__)
-
-    def get_keys(self, redis_conn: Any, *args: Any) -> Any:
-        keys = _function_keys(args)
-        return super().get_keys(redis_conn, *args) if keys is None else keys  # type: ignore[no-untyped-call]
-
-
-class _AsyncClusterKeys(AsyncCommandsParser):
-    __slots__ = ()
-
-    async def get_keys(self, *args: Any) -> Any:
-        keys = _function_keys(args)
-        return await super().get_keys(*args) if keys is None else keys
-
-
-def _lock_node_moves(manager: redis.cluster.NodesManager) -> None:
-    """Makes the cluster client's reordering of its nodes take the lock its readers take.
-
-    On every ConnectionError redis-py 8 moves the failed node to the end of ``nodes_cache``
-    (``move_node_to_end_of_cached_nodes``) without ``NodesManager._lock``, which its own comment
-    says guards that dict. A thread listing the primaries at that moment (choosing a new
-    default node, as every thread does when a primary dies) raised RuntimeError, an error no
-    FAIL_OPEN guard expects: a 500 in the middle of a failover. Taken under the lock, the move
-    waits for the reader instead."""
-    move = manager.move_node_to_end_of_cached_nodes
-    lock = manager._lock
-
-    def move_locked(node_name: str) -> None:
-        with lock:
-            move(node_name)
-
-    manager.move_node_to_end_of_cached_nodes = move_locked  # type: ignore[method-assign]
+def checkout(pool: Any) -> Callable[[], Any]:
+    """``pool.get_connection`` as a callable without arguments on every redis-py: up to 5.2 it
+    requires a command name, from 5.3 passing one is deprecated. The connection it returns is
+    connected, and was checked by the pool (a connection the server closed is replaced)."""
+    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    if parameter is not None and parameter.default is inspect.Parameter.empty:
+        return functools.partial(pool.get_connection, "_")
+    return pool.get_connection  # type: ignore[no-any-return]
 
 
 def _build_sync(endpoint: Endpoint) -> SyncClient:
@@ -396,10 +357,7 @@ def _build_sync(endpoint: Endpoint) -> SyncClient:
             _cache_clients.add(reused)
             return reused
     if endpoint.kind == "cluster":
-        cluster = redis.cluster.RedisCluster.from_url(endpoint.url, **endpoint.options)
-        cluster.commands_parser = _SyncClusterKeys(cluster.commands_parser)
-        _lock_node_moves(cluster.nodes_manager)
-        return cluster
+        return redis.cluster.RedisCluster.from_url(endpoint.url, **endpoint.options)
     if endpoint.kind == "sentinel":
         # Sentinels are asked in turn, the next when one fails, so retrying a dead one only
         # delays the answer: redis-py's default Retry (10 tries, backoff up to 1 s) made each
@@ -417,10 +375,7 @@ def _build_sync(endpoint: Endpoint) -> SyncClient:
 
 def _build_async(endpoint: Endpoint) -> AsyncClient:
     if endpoint.kind == "cluster":
-        async_cluster = redis.asyncio.cluster.RedisCluster.from_url(
-            endpoint.url, **endpoint.options)
-        async_cluster.commands_parser = _AsyncClusterKeys()
-        return async_cluster
+        return redis.asyncio.cluster.RedisCluster.from_url(endpoint.url, **endpoint.options)
     if endpoint.kind == "sentinel":
         sentinel = redis.asyncio.sentinel.Sentinel(
             list(endpoint.sentinels),
@@ -447,16 +402,15 @@ _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncClient
 _closers: weakref.WeakKeyDictionary[
     asyncio.AbstractEventLoop, list[AsyncGenerator[None, None]]
 ] = weakref.WeakKeyDictionary()
-_closing: set[asyncio.Future[None]] = set()
+_closing: set[asyncio.Future[Any]] = set()
 
 
-async def _aclose(client: AsyncClient) -> None:
+def _aclose(client: AsyncClient) -> Awaitable[list[None]]:
     """Close an asyncio client, and for Sentinel the connections to the sentinels too (closing
     the primary's client leaves the Sentinel manager's own clients open)."""
-    await client.aclose()
     manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
-    for sentinel in getattr(manager, "sentinels", ()):
-        await sentinel.aclose()
+    sentinels = getattr(manager, "sentinels", ())
+    return asyncio.gather(client.aclose(), *(sentinel.aclose() for sentinel in sentinels))
 
 
 def _close_soon(loop: asyncio.AbstractEventLoop, client: AsyncClient) -> None:
@@ -548,22 +502,6 @@ async def _close_with_loop(
         await _aclose(client)
 
 
-async def discovered(client: AsyncClient) -> AsyncClient:
-    """``client``, ready for keyed commands (a no-op once it is, and for a single server).
-
-    redis-py's asyncio ``RedisCluster`` discovers the cluster on its first command, and routes
-    that command before discovering it: with no default node yet, a keyed command (a script on
-    a policy's or a lock's keys) goes to a random primary and comes back MOVED. Every coroutine
-    of a new loop that calls at once does that; the fifth MOVED makes the client re-discover the
-    cluster by closing every connection of every node, those other coroutines are using
-    included (their calls fail: "Connection closed by server"). The app builds a client per
-    event loop, so its asyncio calls discover the cluster first (``initialize`` is what
-    redis-py asks for)."""
-    if type(client) is redis.asyncio.cluster.RedisCluster:
-        await client.initialize()
-    return client
-
-
 def on_throwaway_loop() -> bool:
     """True inside an event loop that asgiref made for one ``async_to_sync`` call.
 
@@ -606,7 +544,11 @@ def primary_nodes(client: SyncClient | None = None) -> list[tuple[str, redis.Red
     client = client or get_client()
     if isinstance(client, redis.cluster.RedisCluster):
         nodes = []
-        for node in client.get_primaries():
+        # Not get_primaries(): while a node fails, redis-py reorders its node table without the
+        # lock get_primaries() iterates it under (NodesManager.move_node_to_end_of_cached_nodes,
+        # redis-py 7.2 to 8.1 at least), so it can raise "dictionary changed size during
+        # iteration". get_nodes() copies the table in one step.
+        for node in [n for n in client.get_nodes() if n.server_type == redis.cluster.PRIMARY]:
             conn = node.redis_connection or client.get_redis_connection(node)
             nodes.append((node.name, conn))
         return nodes
@@ -618,10 +560,9 @@ def primary_nodes(client: SyncClient | None = None) -> list[tuple[str, redis.Red
     return [(name, client)]
 
 
-async def aclose_client() -> None:
-    """Close and forget the running loop's asyncio client (call before the loop ends)."""
+def aclose_client() -> Awaitable[object]:
+    """Close and forget the running loop's asyncio client (await it before the loop ends)."""
     loop = asyncio.get_running_loop()
     client = _async_clients.pop(loop, None)
     _closers.pop(loop, None)
-    if client is not None:
-        await _aclose(client)
+    return asyncio.sleep(0) if client is None else _aclose(client)

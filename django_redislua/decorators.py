@@ -23,23 +23,18 @@ from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from django.views import View
 
-from django_redislua.limiting import Policy, PolicyError, RateLimited, get_policy
+from django_redislua.limiting.decision import PolicyError
+from django_redislua.limiting.policy import Policy
+from django_redislua.limiting.registry import get_policy
 from django_redislua.request_layer import (
     Rule,
     RuleOrError,
-    adecide,
-    adenied_response,
-    afinish,
-    arelease_all,
-    decide,
-    denied_response,
-    finish,
-    release_all,
+    guarded,
     resolve_rule,
     rule_for_name,
     rule_for_policy,
-    unavailable_response,
 )
+from django_redislua.transport import arun, run
 
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
 INLINE_OPTIONS = ("rate", "algorithm", "burst", "limit", "timeout")
@@ -186,38 +181,14 @@ def guard(
     rules = _pending(request, [*stack.specs, *specs_of(stack.view)], stack.view_name)
     if not rules:
         return call()
-    outcome = decide(request, rules, ratelimit)
-    if outcome.unavailable:
-        return unavailable_response()
-    if outcome.blocked:
-        release_all(outcome.held)
-        return denied_response(request, RateLimited(outcome.decisions))
-    try:
-        response = call()
-    except BaseException:
-        release_all(outcome.held)
-        raise
-    return finish(response, outcome)
+    return run(guarded(request, rules, ratelimit, call))
 
 
-async def aguard(
+def aguard(
     stack: Stack, request: HttpRequest, call: Callable[[], Awaitable[HttpResponseBase]]
-) -> HttpResponseBase:
+) -> Awaitable[HttpResponseBase]:
     rules = _pending(request, [*stack.specs, *specs_of(stack.view)], stack.view_name)
-    if not rules:
-        return await call()
-    outcome = await adecide(request, rules, ratelimit)
-    if outcome.unavailable:
-        return unavailable_response()
-    if outcome.blocked:
-        await arelease_all(outcome.held)
-        return await adenied_response(request, RateLimited(outcome.decisions))
-    try:
-        response = await call()
-    except BaseException:
-        await arelease_all(outcome.held)
-        raise
-    return await afinish(response, outcome)
+    return arun(guarded(request, rules, ratelimit, call))
 
 
 def _decorate_function(fn: Callable[..., Any], spec: Spec) -> Callable[..., Any]:

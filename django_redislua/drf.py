@@ -52,6 +52,7 @@ from django_redislua.keys import UNKNOWN_ADDRESS, masked
 from django_redislua.limiting import Decision, Policy, PolicyError, evaluate, parse_rate
 from django_redislua.limiting.engine import Check, PartlyDecided
 from django_redislua.limiting.rates import RateError
+from django_redislua.reporting import report_broken
 from django_redislua.request_layer import (
     UNAVAILABLE_RETRY_AFTER,
     Rule,
@@ -60,7 +61,6 @@ from django_redislua.request_layer import (
     mark_logged,
     record_shadow,
     release_all,
-    report_broken,
     report_failure,
     rule_for_name,
     soft_indexes,

@@ -16,7 +16,9 @@ from typing import Any
 from django.http import HttpRequest
 
 from django_redislua.conf import settings
-from django_redislua.limiting.policy import PolicyError, resolve_callable
+from django_redislua.limiting.decision import PolicyError
+from django_redislua.limiting.policy import resolve_callable
+from django_redislua.reporting import report_unknown_address
 
 KeyFunc = Callable[[HttpRequest], "str | None"]
 NAMED_KEYS = ("ip", "user", "user_or_ip")
@@ -108,8 +110,6 @@ def _ip(request: HttpRequest) -> str:
 
 
 def _report_unknown(request: HttpRequest) -> None:
-    from django_redislua.request_layer import report_unknown_address
-
     report_unknown_address(request)
 
 

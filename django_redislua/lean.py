@@ -1,44 +1,47 @@
-"""A lean call path for this app's script calls on a single Redis server (or one primary).
+"""The lean transport's connections: some kept checked out of the pool between calls.
 
-redis-py 8's ``Redis.execute_command`` checks a connection out of the pool (a lock, a
-readability poll, observability counters), wraps the call in its Retry, dispatches events and
-records metrics: on loopback that costs about as much as the round trip itself. A decision is
-one script call per request, so it goes to a connection directly, through redis-py's public
-connection API (``send_command``, ``read_response``, ``can_read``, the connection's ``retry``),
-keeping every guarantee of the ordinary path:
+The reference transport (:class:`django_redislua.transport.PoolSource`) checks a connection out
+of the pool for every exchange, as redis-py's ``execute_command`` does: a lock, the pool's
+readability check, and on redis-py 8 its observability hooks, which on loopback cost about as
+much as the round trip. A decision is one script call per request, so with ``LEAN_CALLS`` a
+server's transport keeps up to half of its pool's connections checked out (rounded down: none
+of a pool of one), reusing them call after call, and packs commands with hiredis when redis-py
+would. Every guarantee of the reference path is kept:
 
+- a command is sent once: no retry after the send, as on every transport;
 - timeouts: the connections are the pool's own, with its socket timeouts;
-- reconnect after errors: each call runs under the connection's own ``Retry``, which
-  disconnects after every failure (so the next attempt reconnects), exactly as redis-py does;
-- a connection the server closed (a restart, an idle timeout, ``CLIENT KILL``) or that has
-  data waiting is found before use by the pool's own check (``can_read``) and reconnected
-  inside the call, so a reconnect that fails or is cancelled still gives the connection back;
+- a kept connection the server closed (a restart, an idle timeout, ``CLIENT KILL``) or that
+  has data waiting (a reply nobody read, a push message) is found before use by the pool's
+  own check (``can_read``) and reconnected before the send;
 - fork safety: a child process drops the connections it inherited;
-- pool limits: connections are checked out of the client's pool and count against its
-  ``max_connections``. This path keeps at most half of them (rounded down: none of a pool of
-  one) checked out between calls, so the ordinary path always has the other half; beyond that
-  it borrows and returns per call.
+- pool limits: kept connections count against the pool's ``max_connections``, and the other
+  half always remains for the project's own use of the pool (a cache's);
+- a lifecycle: :meth:`KeptConnections.close` (settings changed, ``transport.close()``) and
+  garbage collection give every kept connection back to its pool.
 
-Used for ``redis.Redis`` clients on a plain ``ConnectionPool`` or ``BlockingConnectionPool``
-without client-side caching, RESP2 or RESP3 (redis-py 8.1's default; ``read_response``
-handles push messages, and a connection with one waiting is reconnected by the readability
-check). Every other client (cluster, Sentinel, client-side caching) takes the ordinary path,
-whose extra machinery those need; so does every client with ``REDISLUA["LEAN_CALLS"] = False``
-(for instance to keep redis-py's own OpenTelemetry metrics, which this path bypasses).
+Only on redis-py versions the suite proves this on (:data:`SUPPORTED`: 8.1 and newer; the
+sync readiness check needs ``Connection.is_connected``, new in 8.0, and 8.0's pools handled
+server restarts differently): elsewhere, and with ``LEAN_CALLS = False`` (for instance to keep
+redis-py's own OpenTelemetry metrics), the reference transport is used, silently. Plain pools
+only (``ConnectionPool``, ``BlockingConnectionPool``, sync or asyncio, without client-side
+caching): Sentinel's and cluster nodes' pools of other classes take the reference path.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import redis
 import redis.asyncio
 from redis.utils import HIREDIS_AVAILABLE
 
-from django_redislua.conf import on_change, settings
+from django_redislua.conf import settings
+from django_redislua.connection import checkout
 
 hiredis_pack: Any
 try:  # redis-py packs with hiredis too, when installed, after encoding each argument in Python
@@ -46,15 +49,37 @@ try:  # redis-py packs with hiredis too, when installed, after encoding each arg
 except ImportError:  # pragma: no cover - hiredis is an optional dependency
     hiredis_pack = None
 
-Connection = Any  # redis.connection.AbstractConnection: its send/read methods are untyped
-AsyncConnection = Any  # redis.asyncio.connection.AbstractConnection
+Connection = Any  # redis-py's connection classes: their send/read methods are untyped
+Command = tuple[Any, ...]
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
+
+
+# The redis-py versions the lean connections are proven on (tox envs redis8 and newest).
+LEAN_SINCE = (8, 1)
+SUPPORTED = _version(redis.__version__) >= LEAN_SINCE
+PLAIN_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool,
+               redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool)
+
+
+def eligible(pool: Any) -> bool:
+    """Whether a transport to ``pool``'s server keeps connections (see the module docstring)."""
+    return (
+        SUPPORTED
+        and settings.LEAN_CALLS
+        and type(pool) in PLAIN_POOLS
+        and getattr(pool, "cache", None) is None
+        and not pool.connection_kwargs.get("cache_config")
+    )
 
 
 def _packer(pool: Any) -> Any:
     """hiredis's ``pack_command`` where it packs exactly as the pool's own connections do, which
-    saves redis-py's Python pass over every argument (about 2 us a call); None: ``send_command``
-    packs. redis-py's sync connections pack with hiredis themselves whenever it is installed and
-    no ``command_packer`` is given (text as UTF-8, whatever the pool's encoding); redis.asyncio
+    saves redis-py's Python pass over every argument (about 2 us a call); None: redis-py packs.
+    redis-py's sync connections pack with hiredis themselves whenever it is installed and no
+    ``command_packer`` is given (text as UTF-8, whatever the pool's encoding); redis.asyncio
     packs in Python with the pool's encoder, which hiredis matches for UTF-8 text (numbers are
     ``repr`` in both)."""
     if hiredis_pack is None:
@@ -67,11 +92,11 @@ def _packer(pool: Any) -> Any:
     return hiredis_pack if HIREDIS_AVAILABLE and kwargs.get("command_packer") is None else None
 
 
-def _packed(pack: Any, args: tuple[Any, ...]) -> bytes | None:
-    """``args`` packed as the connection would, or None to let ``send_command`` pack them: a
-    command name with a space ("SCRIPT LOAD"), which redis-py splits, or an argument hiredis
-    refuses (a bytearray), which redis-py converts or reports as a DataError."""
-    if pack is None or " " in args[0]:
+def _packed(pack: Any, args: Command) -> bytes | None:
+    """``args`` packed as the connection would, or None to let redis-py pack them: a command
+    name with a space ("SCRIPT LOAD"), which redis-py splits, or an argument hiredis refuses
+    (a bytearray), which redis-py converts or reports as a DataError."""
+    if pack is None or " " in str(args[0]):
         return None
     try:
         packed: bytes = pack(args)
@@ -80,23 +105,24 @@ def _packed(pack: Any, args: tuple[Any, ...]) -> bytes | None:
     return packed
 
 
-def _eligible(pool: Any) -> bool:
-    return (
-        settings.LEAN_CALLS
-        and type(pool) in (redis.ConnectionPool, redis.BlockingConnectionPool,
-                           redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool)
-        and getattr(pool, "cache", None) is None
-        and not pool.connection_kwargs.get("cache_config")
-    )
+def _give_back(pool: Any, idle: list[Connection], kept: set[Connection]) -> None:
+    """Return every idle kept connection to ``pool`` (a sync pool's ``release``)."""
+    while idle:
+        conn = idle.pop()
+        kept.discard(conn)
+        pool.release(conn)
 
 
-class Channel:
-    """The lean path to one sync client's server. Thread-safe; see the module docstring."""
+class KeptConnections:
+    """A sync server's connections for the lean transport: ``take`` one, send on it, ``give``
+    it back. Thread-safe; see the module docstring."""
 
     def __init__(self, pool: redis.ConnectionPool) -> None:
-        self._pool = pool
+        self.pool = pool
+        self._checkout = checkout(pool)
         self._keep = pool.max_connections // 2
         self._pack = _packer(pool)
+        self._closed = False
         self._reset()
 
     def _reset(self) -> None:
@@ -104,152 +130,100 @@ class Channel:
         self._idle: list[Connection] = []  # list.pop/append are atomic: no lock on the hot path
         self._kept: set[Connection] = set()
         self._lock = threading.Lock()
+        # Collected without close(): the kept connections still go back to the pool.
+        self._finalizer = weakref.finalize(self, _give_back, self.pool, self._idle, self._kept)
 
-    def _take(self) -> Connection:
+    def take(self) -> Connection:
         if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours
+            self._finalizer.detach()
             self._reset()
         try:
-            return self._idle.pop()
+            conn = self._idle.pop()
         except IndexError:
-            conn = self._pool.get_connection()  # connected and checked by the pool
+            conn = self._checkout()  # connected and checked by the pool
             with self._lock:
-                if len(self._kept) < self._keep:
+                if len(self._kept) < self._keep and not self._closed:
                     self._kept.add(conn)
             return conn
-
-    def _give(self, conn: Connection) -> None:
-        if conn in self._kept:
-            self._idle.append(conn)
-        else:
-            self._pool.release(conn)
-
-    def call(self, *args: Any) -> Any:
-        """Send one command and return its reply, under the connection's Retry."""
-        conn = self._take()
         try:
-            if conn in self._kept:
-                _check(conn)
-            return conn.retry.call_with_retry(
-                lambda: _exchange(conn, args, self._pack), lambda _error: conn.disconnect()
-            )
-        finally:
-            self._give(conn)
-
-
-def _check(conn: Connection) -> None:
-    """The pool's check before a kept connection is used again: data waiting (a push message, a
-    reply nobody read) or a socket the server closed means a reconnect, at the next send."""
-    try:
-        if conn.is_connected and conn.can_read():
+            # The pool's check before a kept connection is used again: data waiting (a push
+            # message, a reply nobody read) or a socket the server closed means a reconnect.
+            if conn.is_connected and conn.can_read():
+                conn.disconnect()
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
             conn.disconnect()
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        conn.disconnect()
+        if not conn.is_connected:
+            try:
+                conn.connect()  # before the send: a failure here sent nothing
+            except BaseException:
+                self._idle.append(conn)
+                raise
+        return conn
+
+    def give(self, conn: Connection) -> None:
+        if conn in self._kept and not self._closed:
+            self._idle.append(conn)
+            return
+        with self._lock:
+            self._kept.discard(conn)
+        self.pool.release(conn)
+
+    def send_one(self, conn: Connection, command: Command) -> None:
+        packed = _packed(self._pack, command)
+        if packed is None:
+            conn.send_command(*command)
+        else:
+            conn.send_packed_command([packed])
+
+    def close(self) -> None:
+        """Give every kept connection back to the pool (one in use goes back when its call
+        ends); connections taken after this are borrowed per call."""
+        self._closed = True
+        with self._lock:
+            _give_back(self.pool, self._idle, self._kept)
 
 
-def _exchange(conn: Connection, args: tuple[Any, ...], pack: Any) -> Any:
-    packed = _packed(pack, args)
-    if packed is None:
-        conn.send_command(*args)
-    else:
-        conn.send_packed_command([packed])
-    return conn.read_response()
-
-
-class AsyncChannel:
-    """The lean path to one asyncio client's server (one event loop, like the client)."""
+class AsyncKeptConnections:
+    """The asyncio twin of :class:`KeptConnections`, for one event loop's pool."""
 
     def __init__(self, pool: redis.asyncio.ConnectionPool) -> None:
-        self._pool = pool
+        self.pool = pool
+        self._checkout = checkout(pool)
         self._keep = pool.max_connections // 2
         self._pack = _packer(pool)
-        self._idle: list[AsyncConnection] = []
-        self._kept: set[AsyncConnection] = set()
+        self._idle: list[Connection] = []
+        self._kept: set[Connection] = set()
 
-    async def _take(self) -> AsyncConnection:
-        try:
-            return self._idle.pop()
-        except IndexError:
-            conn = await self._pool.get_connection()
+    async def take(self) -> Connection:
+        if not self._idle:
+            conn = await self._checkout()
             if len(self._kept) < self._keep:
                 self._kept.add(conn)
             return conn
-
-    async def call(self, *args: Any) -> Any:
-        conn = await self._take()
+        conn = self._idle.pop()
         try:
-            if conn in self._kept:
-                await _acheck(conn)
-            return await conn.retry.call_with_retry(
-                lambda: _aexchange(conn, args, self._pack), lambda _error: conn.disconnect()
-            )
-        finally:
-            # A call cancelled mid-read leaves a disconnected connection (read_response sees
-            # to that), which the next call reconnects.
-            if conn in self._kept:
-                self._idle.append(conn)
-            else:
-                await self._pool.release(conn)
+            try:
+                if conn.is_connected and await conn.can_read():
+                    await conn.disconnect()
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                await conn.disconnect()
+            if not conn.is_connected:
+                await conn.connect()  # before the send: a failure here sent nothing
+        except BaseException:
+            self._idle.append(conn)
+            raise
+        return conn
 
+    def give(self, conn: Connection) -> Any:
+        """Back to the kept ones (None), or the pool's ``release`` to await."""
+        if conn in self._kept:
+            self._idle.append(conn)
+            return None
+        return self.pool.release(conn)
 
-async def _acheck(conn: AsyncConnection) -> None:
-    """The asyncio twin of :func:`_check`."""
-    try:
-        if conn.is_connected and await conn.can_read():
-            await conn.disconnect()
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        await conn.disconnect()
-
-
-async def _aexchange(conn: AsyncConnection, args: tuple[Any, ...], pack: Any) -> Any:
-    packed = _packed(pack, args)
-    if packed is None:
-        await conn.send_command(*args)
-    else:
-        await conn.send_packed_command(packed)
-    return await conn.read_response()
-
-
-_channels: weakref.WeakKeyDictionary[Any, Channel | AsyncChannel | None] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-_last: tuple[Any, Channel | None] = (None, None)  # the last sync client asked, and its channel
-
-
-@on_change
-def _forget_channels() -> None:
-    global _last
-    _channels.clear()  # LEAN_CALLS may have changed; clients the app built are rebuilt anyway
-    _last = (None, None)
-
-
-def channel_for(client: Any) -> Channel | None:
-    """The lean channel of a sync client, or None when the client must take the ordinary path."""
-    global _last
-    last = _last
-    if last[0] is client:  # the process client, nearly always: no weak-dictionary lookup
-        return last[1]
-    try:
-        known = _channels[client]
-    except KeyError:
-        known = None
-        if type(client) is redis.Redis and _eligible(client.connection_pool):
-            known = Channel(client.connection_pool)
-        _channels[client] = known
-    found = known if isinstance(known, Channel) else None
-    _last = (client, found)
-    return found
-
-
-def async_channel_for(client: Any) -> AsyncChannel | None:
-    """The lean channel of an asyncio client, or None (see :func:`channel_for`)."""
-    try:
-        return _channels[client]  # type: ignore[return-value]
-    except KeyError:
-        pass
-    found = None
-    if type(client) is redis.asyncio.Redis and _eligible(client.connection_pool):
-        found = AsyncChannel(client.connection_pool)
-    _channels[client] = found
-    return found
+    def pack(self, conn: Connection, commands: Sequence[Command]) -> Any:
+        if len(commands) == 1:
+            packed = _packed(self._pack, commands[0])
+            if packed is not None:
+                return packed
+        return conn.pack_commands(commands)

@@ -9,7 +9,8 @@ calls, e.g. ``with policy.slot(key):``) becomes the same 429 response the decora
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
@@ -17,20 +18,9 @@ from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
 
 from django_redislua.conf import settings
-from django_redislua.limiting import RateLimited
-from django_redislua.request_layer import (
-    RuleOrError,
-    adecide,
-    adenied_response,
-    afinish,
-    arelease_all,
-    decide,
-    denied_response,
-    finish,
-    release_all,
-    rule_for_name,
-    unavailable_response,
-)
+from django_redislua.limiting.decision import RateLimited
+from django_redislua.request_layer import RuleOrError, denied_response, guarded, rule_for_name
+from django_redislua.transport import arun, run
 
 
 def _url_names(request: HttpRequest) -> set[str]:
@@ -76,41 +66,14 @@ class RateLimitMiddleware:
             markcoroutinefunction(self)
 
     def __call__(self, request: HttpRequest) -> Any:
-        if self.is_async:
-            return self.__acall__(request)
         rules = matching_rules(request)
+        if self.is_async:
+            return arun(guarded(request, rules, RateLimitMiddleware,
+                                functools.partial(self.get_response, request)))
         if not rules:
             return self.get_response(request)
-        outcome = decide(request, rules, RateLimitMiddleware)
-        if outcome.unavailable:
-            return unavailable_response()
-        if outcome.blocked:
-            release_all(outcome.held)
-            return denied_response(request, RateLimited(outcome.decisions))
-        try:
-            response = self.get_response(request)
-        except BaseException:  # Django turns view errors into responses; this is the rest
-            release_all(outcome.held)
-            raise
-        return finish(response, outcome)
-
-    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
-        get_response: Callable[[HttpRequest], Awaitable[HttpResponseBase]] = self.get_response
-        rules = matching_rules(request)
-        if not rules:
-            return await get_response(request)
-        outcome = await adecide(request, rules, RateLimitMiddleware)
-        if outcome.unavailable:
-            return unavailable_response()
-        if outcome.blocked:
-            await arelease_all(outcome.held)
-            return await adenied_response(request, RateLimited(outcome.decisions))
-        try:
-            response = await get_response(request)
-        except BaseException:
-            await arelease_all(outcome.held)
-            raise
-        return await afinish(response, outcome)
+        return run(guarded(request, rules, RateLimitMiddleware,
+                           functools.partial(self.get_response, request)))
 
     def process_exception(
         self, request: HttpRequest, exception: Exception

@@ -14,10 +14,7 @@ meets when a deployment ignored them. Nothing here answers 500.
 from __future__ import annotations
 
 import functools
-import logging
-import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -30,25 +27,15 @@ from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.headers import rate_limit_headers
 from django_redislua.keys import KeyFunc, key_function
-from django_redislua.limiting import (
-    Decision,
-    Policy,
-    PolicyError,
-    RateLimited,
-    aevaluate,
-    evaluate,
-    get_policy,
-)
-from django_redislua.limiting.engine import Check, PartlyDecided
-from django_redislua.limiting.policy import check_cost
-from django_redislua.links import check_url
+from django_redislua.limiting.decision import Decision, PolicyError, RateLimited
+from django_redislua.limiting.engine import Check, PartlyDecided, evaluation, releasing
+from django_redislua.limiting.policy import Policy, check_cost
+from django_redislua.limiting.registry import get_policy
+from django_redislua.protocol import Invoke, Protocol
+from django_redislua.reporting import report_broken, report_outage, report_shadow_denial
 from django_redislua.signals import rate_limited
+from django_redislua.transport import arun, run
 
-logger = logging.getLogger("django_redislua")
-
-# Seconds between two log lines about the same failure: an outage (or a broken policy) must not
-# log once per request.
-OUTAGE_LOG_INTERVAL = 60.0
 UNAVAILABLE_RETRY_AFTER = 1  # seconds, on every 503 this app answers
 
 
@@ -123,79 +110,6 @@ def rule_for_name(name: str, **overrides: Any) -> RuleOrError:
     return resolve_rule(lambda: rule_for_policy(get_policy(name), **overrides))
 
 
-# -- bounded logging -----------------------------------------------------------------------------
-class _Throttled:
-    """At most one log line per ``subject`` per OUTAGE_LOG_INTERVAL, counting what it held back."""
-
-    MAX_SUBJECTS = 256  # subjects come from the configuration; bound them anyway
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last: dict[str, tuple[float, int]] = {}
-
-    def due(self, subject: str) -> int | None:
-        """None to stay quiet, else how many lines were held back since the last one."""
-        now = time.monotonic()
-        with self._lock:
-            last, held = self._last.get(subject, (float("-inf"), 0))
-            if now - last < OUTAGE_LOG_INTERVAL:
-                self._last[subject] = (last, held + 1)
-                return None
-            if len(self._last) >= self.MAX_SUBJECTS and subject not in self._last:
-                self._last.clear()
-            self._last[subject] = (now, 0)
-            return held
-
-
-_log_gate = _Throttled()
-
-
-def report_outage(exc: BaseException, *, fail_open: bool | None = None,
-                  denied_as: str = "answered 503") -> None:
-    """Log that Redis failed, at most once per OUTAGE_LOG_INTERVAL per process.
-
-    ``fail_open`` and ``denied_as`` say what the caller does about it (compat follows
-    ``RATELIMIT_FAIL_OPEN`` and limits the request instead of answering 503).
-    """
-    held = _log_gate.due("outage")
-    if held is None:
-        return
-    opened = settings.FAIL_OPEN if fail_open is None else fail_open
-    logger.warning(
-        "Redis is unreachable for rate limiting (%s: %s); FAIL_OPEN=%s so requests are %s. "
-        "%d similar failures were not logged since the last warning.",
-        type(exc).__name__, exc, opened, "allowed" if opened else denied_as, held,
-    )
-
-
-def report_broken(exc: PolicyError) -> None:
-    """Log that a rule cannot be used (its check id says why), once a minute per mistake."""
-    held = _log_gate.due(f"{exc.check_id}:{exc}")
-    if held is None:
-        return
-    logger.error(
-        "rate limit not applied: %s (%s; python manage.py check reports it; see %s). "
-        "FAIL_OPEN=%s so requests it covers are %s. Held back %d repeats of this line.",
-        exc, exc.check_id, check_url(exc.check_id), settings.FAIL_OPEN,
-        "allowed" if settings.FAIL_OPEN else "answered 503", held,
-    )
-
-
-def report_unknown_address(request: HttpRequest) -> None:
-    """Log (redislua.W003, once a minute) that a request's address could not be determined."""
-    held = _log_gate.due("redislua.W003")
-    if held is None:
-        return
-    logger.warning(
-        "redislua.W003: the client address of a request to %s cannot be determined "
-        "(REMOTE_ADDR=%.64r, X-Forwarded-For %s, TRUSTED_PROXIES=%d); such requests share the "
-        "identity 'unknown-address' (see %s). Held back %d repeats.",
-        request.path[:200], request.META.get("REMOTE_ADDR"),
-        "present" if request.META.get("HTTP_X_FORWARDED_FOR") else "absent",
-        settings.TRUSTED_PROXIES, check_url("redislua.W003"), held,
-    )
-
-
 # -- deciding (with the FAIL_OPEN guard) ---------------------------------------------------------
 @dataclass(frozen=True)
 class Outcome:
@@ -262,18 +176,6 @@ def record_shadow(request: HttpRequest, decisions: Sequence[Decision]) -> None:
     for decision in shadow:
         if not decision.allowed:
             report_shadow_denial(decision)
-
-
-def report_shadow_denial(decision: Decision) -> None:
-    name = decision.policy.name
-    held = _log_gate.due(f"shadow:{name}")
-    if held is None:
-        return
-    logger.info(
-        "shadow policy %r denied a request (result shadow_denied, retry after %.3fs); the "
-        "request went on, as the policy is in shadow mode. %d more shadow denials by it were "
-        "not logged since the last line.", name, decision.retry_after, held,
-    )
 
 
 def _record(request: HttpRequest, rules: list[Rule], decisions: Sequence[Decision]) -> Outcome:
@@ -348,49 +250,45 @@ def _failed(request: HttpRequest, rules: list[Rule], checks: list[Check],
     return _record(request, [], [])
 
 
-# decide and adecide differ only in how they call Redis and send the signal; what to send and
-# what a failure means live in _begin and _failed, shared.
-def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any) -> Outcome:
+def deciding(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any
+             ) -> Protocol[Outcome]:
     """Decide ``rules`` for ``request`` in one script call; record and signal the result."""
     begun = _begin(request, rules)
     if isinstance(begun, Outcome):
         return begun
     applied, checks = begun
     try:
-        decisions = evaluate(checks, soft=soft_indexes(applied)) if checks else []
+        decisions = (yield from evaluation(checks, False, None, soft_indexes(applied),
+                                           metrics.sinks())) if checks else []
     except CLIENT_ERRORS as exc:
         return _failed(request, applied, checks, exc)
     outcome = _record(request, applied, decisions)
     for decision in decisions:
         if not decision.allowed:
-            rate_limited.send(sender, request=request, decision=decision)
+            yield Invoke(functools.partial(rate_limited.send, sender, request=request,
+                                           decision=decision),
+                         asynchronous=functools.partial(_asend, sender, request=request,
+                                                        decision=decision))
     return outcome
 
 
-async def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any) -> Outcome:
-    """The asyncio twin of :func:`decide` (no thread hop: the asyncio Redis client)."""
-    begun = _begin(request, rules)
-    if isinstance(begun, Outcome):
-        return begun
-    applied, checks = begun
-    try:
-        decisions = await aevaluate(checks, soft=soft_indexes(applied)) if checks else []
-    except CLIENT_ERRORS as exc:
-        return _failed(request, applied, checks, exc)
-    outcome = _record(request, applied, decisions)
-    for decision in decisions:
-        if not decision.allowed:
-            await _asend(sender, request=request, decision=decision)
-    return outcome
+def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any) -> Outcome:
+    """:func:`deciding` on the sync driver."""
+    return run(deciding(request, rules, sender))
 
 
-async def _asend(sender: Any, **named: Any) -> None:
-    """``rate_limited.asend`` (Django 5.0+); on Django 4.2, which has no ``Signal.asend``, the
-    receivers run as ``send`` would, in a thread."""
-    if hasattr(rate_limited, "asend"):
-        await rate_limited.asend(sender, **named)
-    else:
-        await sync_to_async(rate_limited.send)(sender, **named)
+def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any
+            ) -> Awaitable[Outcome]:
+    """:func:`deciding` on the asyncio driver (no thread hop: the asyncio transport)."""
+    return arun(deciding(request, rules, sender))
+
+
+# ``rate_limited.asend`` (Django 5.0+); Django 4.2 has no ``Signal.asend``: there the receivers
+# run as ``send`` would, in a thread.
+_asend: Callable[..., Awaitable[Any]] = (
+    rate_limited.asend if hasattr(rate_limited, "asend")
+    else sync_to_async(rate_limited.send)
+)
 
 
 # -- responses -----------------------------------------------------------------------------------
@@ -418,25 +316,18 @@ def _denied_view() -> Callable[..., Any]:
     return _default_denied if path is None else cast(Callable[..., Any], import_string(path))
 
 
+def denying(request: HttpRequest, exception: RateLimited) -> Protocol[HttpResponseBase]:
+    """``DENIED_VIEW(request, exception)`` (default: a plain 429; sync or ``async def``) plus
+    Retry-After and the rate-limit headers."""
+    view = _denied_view()
+    sync = async_to_sync(view) if iscoroutinefunction(view) else view
+    response: HttpResponseBase = yield Invoke(sync, (request, exception), asynchronous=view)
+    add_headers(response, exception.decisions, denied=True)
+    return response
+
+
 def denied_response(request: HttpRequest, exception: RateLimited) -> HttpResponseBase:
-    """``DENIED_VIEW(request, exception)`` (default: a plain 429) plus Retry-After and headers."""
-    view = _denied_view()
-    if iscoroutinefunction(view):
-        response = async_to_sync(view)(request, exception)
-    else:
-        response = view(request, exception)
-    add_headers(response, exception.decisions, denied=True)
-    return cast(HttpResponseBase, response)
-
-
-async def adenied_response(request: HttpRequest, exception: RateLimited) -> HttpResponseBase:
-    view = _denied_view()
-    if iscoroutinefunction(view):
-        response = await view(request, exception)
-    else:
-        response = view(request, exception)
-    add_headers(response, exception.decisions, denied=True)
-    return cast(HttpResponseBase, response)
+    return run(denying(request, exception))
 
 
 def mark_logged(response: HttpResponseBase) -> HttpResponseBase:
@@ -459,22 +350,19 @@ def unavailable_response() -> HttpResponseBase:
 
 
 # -- concurrency leases --------------------------------------------------------------------------
-def release_all(decisions: Sequence[Decision]) -> None:
+def releasing_all(decisions: Sequence[Decision]) -> Protocol[None]:
+    """Give back every concurrency slot ``decisions`` hold; a Redis failure is logged (the
+    lease expires after the policy's timeout anyway)."""
     for decision in decisions:
         if decision.lease is not None:
             try:
-                decision.policy.release(decision.key, decision)
-            except CLIENT_ERRORS as exc:  # the lease expires after the policy's timeout anyway
-                report_outage(exc)
-
-
-async def arelease_all(decisions: Sequence[Decision]) -> None:
-    for decision in decisions:
-        if decision.lease is not None:
-            try:
-                await decision.policy.arelease(decision.key, decision)
+                yield from releasing(decision.policy, decision.key, decision)
             except CLIENT_ERRORS as exc:
                 report_outage(exc)
+
+
+def release_all(decisions: Sequence[Decision]) -> None:
+    run(releasing_all(decisions))
 
 
 def _on_close(response: HttpResponseBase, callback: Callable[[], None]) -> None:
@@ -484,7 +372,7 @@ def _on_close(response: HttpResponseBase, callback: Callable[[], None]) -> None:
     closers.append(callback)
 
 
-def finish(response: HttpResponseBase, outcome: Outcome) -> HttpResponseBase:
+def finishing(response: HttpResponseBase, outcome: Outcome) -> Protocol[HttpResponseBase]:
     """Headers on an allowed response; concurrency slots released when the response is done.
 
     A streaming response is not done when the view returns: its slots are released by
@@ -495,15 +383,28 @@ def finish(response: HttpResponseBase, outcome: Outcome) -> HttpResponseBase:
         if response.streaming:
             _on_close(response, functools.partial(release_all, outcome.held))
         else:
-            release_all(outcome.held)
+            yield from releasing_all(outcome.held)
     return response
 
 
-async def afinish(response: HttpResponseBase, outcome: Outcome) -> HttpResponseBase:
-    add_headers(response, outcome.decisions, denied=response.status_code == 429)
-    if outcome.held:
-        if response.streaming:
-            _on_close(response, functools.partial(release_all, outcome.held))
-        else:
-            await arelease_all(outcome.held)
-    return response
+def guarded(request: HttpRequest, rules: Sequence[RuleOrError], sender: Any,
+            view: Callable[[], Any]) -> Protocol[HttpResponseBase]:
+    """The request skeleton, once for the decorator, the middleware and compat, sync and
+    asyncio: decide ``rules`` (one round trip), then answer 503, 429, or ``view()`` (called,
+    and awaited on the asyncio driver) with its headers; every concurrency slot taken is given
+    back when the response is done, or at once when the request is refused or the view
+    raises."""
+    if not rules:
+        return cast(HttpResponseBase, (yield Invoke(view)))
+    outcome = yield from deciding(request, rules, sender)
+    if outcome.unavailable:
+        return unavailable_response()
+    if outcome.blocked:
+        yield from releasing_all(outcome.held)
+        return (yield from denying(request, RateLimited(outcome.decisions)))
+    try:
+        response = yield Invoke(view)
+    except BaseException:
+        yield from releasing_all(outcome.held)
+        raise
+    return (yield from finishing(response, outcome))

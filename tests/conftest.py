@@ -18,7 +18,7 @@ import redis
 from django.test import override_settings
 from redis.cluster import RedisCluster
 
-from django_redislua import request_layer
+from django_redislua import reporting
 from django_redislua.connection import get_client, primary_nodes
 from django_redislua.limiting import denials
 from django_redislua.testing import (
@@ -88,7 +88,7 @@ def _topology_applied(request: pytest.FixtureRequest, _flush_redis: None) -> Non
 @pytest.fixture(autouse=True)
 def _fresh_log_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test sees the first outage / broken-policy line (they are logged once a minute)."""
-    monkeypatch.setattr(request_layer, "_log_gate", request_layer._Throttled())
+    monkeypatch.setattr(reporting, "_log_gate", reporting._Throttled())
 
 
 @pytest.fixture

@@ -172,11 +172,13 @@ def test_preload_functions_reports_the_library_on_every_replica(on_cluster):
 
 def test_a_decision_goes_straight_to_its_primary_and_follows_a_moved_reply(
         on_cluster, monkeypatch):
-    """A single-slot call goes to the lean channel of the primary the client's slot table
-    names, not through RedisCluster.execute_command. With that table stale (the slot pointed
-    at another primary, as after a resharding or a failover), the primary asked answers MOVED:
-    the call is then made the ordinary way, which follows the redirect, and it runs once."""
+    """A single-slot call goes to the lean connections of the primary the client's slot table
+    names, never through RedisCluster.execute_command (whose retry would send a script again
+    after a lost reply). With that table stale (the slot pointed at another primary, as after
+    a resharding or a failover), the primary asked answers MOVED: the table is read again and
+    the call sent to the owner, where it runs once."""
     from django_redislua import lean
+    from django_redislua.transport import get_transport
 
     policy = Policy("straight", rate="5/m", algorithm="fixed_window")
     policy.hit("warm")  # the script loaded on every primary
@@ -192,13 +194,15 @@ def test_a_decision_goes_straight_to_its_primary_and_follows_a_moved_reply(
     assert dispatched == []
     slot = on_cluster.keyslot(policy.redis_key("u1"))
     owner = on_cluster.nodes_manager.get_node_from_slot(slot)
-    assert isinstance(lean.channel_for(owner.redis_connection), lean.Channel)
+    transport = get_transport()
+    assert transport.node(policy.redis_key("u1")).client is owner.redis_connection
+    assert isinstance(transport.node(policy.redis_key("u1")).source, lean.KeptConnections)
 
     other = next(n for n in on_cluster.get_primaries() if n.name != owner.name)
     on_cluster.nodes_manager.slots_cache[slot] = [other]  # stale: the slot "belongs" to other
     before = sum(_evalsha_calls(on_cluster).values())
     assert policy.hit("u1").remaining == 1  # counted once: the MOVED call did not run
-    assert [args[0] for args in dispatched] == ["EVALSHA"]  # the ordinary way, once
+    assert dispatched == []  # followed by the transport, never redis-py's retrying dispatch
     assert sum(_evalsha_calls(on_cluster).values()) - before == 1
     assert on_cluster.nodes_manager.get_node_from_slot(slot).name == owner.name  # table fixed
-    assert policy.hit("u1").remaining == 0 and len(dispatched) == 1  # straight again
+    assert policy.hit("u1").remaining == 0 and dispatched == []  # straight again

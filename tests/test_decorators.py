@@ -258,13 +258,17 @@ async def test_async_view() -> None:
 
 
 async def test_async_view_makes_no_thread_hop(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    # The sync engine must not be used (it would block the loop or need a thread).
-    import django_redislua.request_layer as decorators
+    # The sync engine and the sync transport must not be used (they would block the loop or
+    # need a thread).
+    from django_redislua import transport
+    from django_redislua.limiting import engine
 
     def forbidden(*args, **kwargs):  # type: ignore[no-untyped-def]
-        raise AssertionError("sync evaluate called from an async view")
+        raise AssertionError("the sync path was used by an async view")
 
-    monkeypatch.setattr(decorators, "evaluate", forbidden)
+    for module, name in ((engine, "evaluate"), (engine, "decide"),
+                         (transport, "get_transport")):
+        monkeypatch.setattr(module, name, forbidden)
     request = RequestFactory().get("/rl/async/")
     request.user = AnonymousUser()
     response = await ratelimit_views.async_view(request)

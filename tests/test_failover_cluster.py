@@ -89,9 +89,10 @@ from django_redislua import Policy
 from django_redislua.connection import CLIENT_ERRORS, get_client
 from django_redislua.decorators import ratelimit
 from django_redislua.functions import library_names
-from django_redislua.locks import Lock, LockNotOwned, LockUnavailable, waiting
+from django_redislua.locks import Lock, LockNotOwned, LockUnavailable
 from django_redislua.scripts import get_script, registry
 from django_redislua.testing import RedisClusterServers, RedisServer
+from django_redislua.transport import get_transport
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -450,7 +451,7 @@ def loop(stop: threading.Event, records: Records, step: Callable[[int], None]) -
     except BaseException as exc:  # a bug in the worker itself: fail the test, not the thread
         records.stray.append(exc)
     finally:
-        waiting._drop_subscriber()  # this thread's kept pub/sub connection, if any
+        get_transport().drop_subscriber()  # this thread's kept pub/sub connection, if any
 
 
 def lock_step(records: Records, lock: Lock, group: str, rng: random.Random) -> None:
@@ -566,7 +567,7 @@ def test_failover_under_a_stream_of_decisions_and_locks(
             # A thread the library started (a lock's withdrawal) ended by an exception.
             assert not ended_threads, "".join(traceback.format_exception(ended_threads[0]))
         finally:
-            waiting._drop_subscriber()
+            get_transport().drop_subscriber()
             get_client().close()
     heal(cluster)
 
@@ -785,7 +786,7 @@ def test_a_replicated_lock_alone_is_granted_again_after_its_primary_fails_over(
             assert granted, f"not granted within {RECOVERY_BOUND}s of t_up: {errors}"
             assert lock.token is not None and first is not None and lock.token > first
         finally:
-            waiting._drop_subscriber()
+            get_transport().drop_subscriber()
             get_client().close()
     heal(cluster)
 

@@ -65,10 +65,10 @@ from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.functions import library_names
 from django_redislua.limiting.engine import SCRIPT_ONE
 from django_redislua.locks import LeaseLost, Lock, LockNotOwned
-from django_redislua.locks import waiting as lock_waiting
 from django_redislua.locks.lock import LockUnavailable
 from django_redislua.scripts import get_script, registry
 from django_redislua.testing import RedisSentinelServers, RedisServer
+from django_redislua.transport import get_transport
 
 pytestmark = pytest.mark.slow
 
@@ -295,7 +295,7 @@ def lock_worker(run: Run, name: str, replicas: int, stop: threading.Event, limit
     try:
         _loop(stop, limit, one)
     finally:
-        lock_waiting._drop_subscriber()  # this thread's pub/sub connection
+        get_transport().drop_subscriber()  # this thread's pub/sub connection
 
 
 # -- checks after recovery -------------------------------------------------------------------------

@@ -1,14 +1,14 @@
-"""The lean call path (``django_redislua/lean.py``) against real servers, side by side with the
-ordinary one (``client.execute_command``).
+"""The lean transport (``django_redislua/lean.py``) against real servers, side by side with the
+reference one (``transport.PoolSource``: a connection checked out of the pool per call).
 
 The issue's acceptance: the lean path recovers from a server restart, a ``SCRIPT FLUSH`` and a
 timeout exactly like the normal path. Each test gets its own server (restarted, paused or
 flushed without disturbing the shared one) and is run on both paths where that means anything:
 
 - ``lean``: the app's default client from a URL, which lean.py takes (asserted, not assumed);
-- ``ordinary``: the same URL with ``REDISLUA["LEAN_CALLS"] = False``, which leaves every call to
-  ``execute_command``: the same protocol (RESP3, redis-py 8.1's default), handshake and pool;
-  the path is the only difference.
+- ``ordinary``: the same URL with ``REDISLUA["LEAN_CALLS"] = False``, the reference transport:
+  the same protocol (RESP3, redis-py 8.1's default), handshake and pool; the path is the only
+  difference.
 
 ``pool_state`` checks what must hold between calls on either path: the only connections
 checked out of the pool are the lean channel's idle ones (none on the ordinary path), and every
@@ -34,11 +34,12 @@ import redis
 import redis.asyncio
 from django.test import Client, override_settings
 
-from django_redislua import lean
+from django_redislua import lean, transport
 from django_redislua.checks import check_settings
 from django_redislua.connection import get_async_client, get_client
 from django_redislua.limiting.policy import Policy
 from django_redislua.testing import CommandRecorder, RedisServer
+from django_redislua.transport import get_async_transport, get_transport
 
 TIMEOUT = 0.3  # SOCKET_TIMEOUT and SOCKET_CONNECT_TIMEOUT under test
 PAUSE_MS = 1500  # CLIENT PAUSE: always lifted early (UNPAUSE); it only bounds a failed test
@@ -86,20 +87,44 @@ def on(server: RedisServer, path: str, **extra: Any) -> override_settings:
     return override_settings(REDISLUA=redislua(server, path, **extra))
 
 
-def channel(path: str) -> lean.Channel | None:
-    """The sync client's lean channel; asserts the path the test means to exercise is taken."""
-    found = lean.channel_for(get_client())
-    assert isinstance(found, lean.Channel) if path == LEAN else found is None
+def channel(path: str) -> lean.KeptConnections | None:
+    """The sync transport's kept connections; asserts the path the test means to exercise is
+    taken."""
+    source = get_transport().source  # type: ignore[attr-defined]
+    found = source if isinstance(source, lean.KeptConnections) else None
+    assert found is not None if path == LEAN else found is None
     return found
 
 
-def achannel(path: str) -> lean.AsyncChannel | None:
-    found = lean.async_channel_for(get_async_client())
-    assert isinstance(found, lean.AsyncChannel) if path == LEAN else found is None
+def achannel(path: str) -> lean.AsyncKeptConnections | None:
+    source = get_async_transport().source  # type: ignore[attr-defined]
+    found = source if isinstance(source, lean.AsyncKeptConnections) else None
+    assert found is not None if path == LEAN else found is None
     return found
 
 
-def pool_state(pool: Any, found: lean.Channel | lean.AsyncChannel | None) -> None:
+def lean_call(found: Any, *args: Any) -> Any:
+    """One command on a connection of the lean transport itself (raises an error reply)."""
+    conn = transport.opened(found)
+    try:
+        transport.written(found, conn, (args,))
+        reply = transport.read(conn, 1)[0]
+    finally:
+        found.give(conn)
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+async def alean_call(afound: Any, *args: Any) -> Any:
+    reply = (await transport.aexchange(afound, (args,)))[0]
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def pool_state(pool: Any, found: lean.KeptConnections | lean.AsyncKeptConnections | None
+               ) -> None:
     """Between calls: only the channel's idle connections are checked out, and every
     connection it keeps is idle (none lost, none checked out twice)."""
     idle = list(found._idle) if found is not None else []
@@ -214,7 +239,7 @@ def test_lean_path_on_either_protocol(server: RedisServer, protocol: int) -> Non
     with on(server, LEAN, CONNECTION_OPTIONS={"protocol": protocol}):
         found = channel(LEAN)
         assert found is not None
-        info = found.call("CLIENT", "INFO")  # on a connection of the lean path itself
+        info = lean_call(found, "CLIENT", "INFO")  # on a connection of the lean path itself
         assert f" resp={protocol}".encode() in info, info
         limited = policy("2/m")
         assert [limited.hit("a").allowed for _ in range(3)] == [True, True, False]
@@ -232,14 +257,14 @@ async def test_lean_path_sends_the_bytes_the_ordinary_path_sends(
         found, afound = channel(LEAN), achannel(LEAN)
         assert found is not None and afound is not None
         for value in ("d\u00e9j\u00e0 vu", b"\xff\x00", 0.1, 2**70, bytearray(b"\xfe")):
-            assert found.call("ECHO", value) == get_client().execute_command("ECHO", value)
+            assert lean_call(found, "ECHO", value) == get_client().execute_command("ECHO", value)
             try:
                 ordinary = await get_async_client().execute_command("ECHO", value)
             except redis.DataError:
                 with pytest.raises(redis.DataError):
-                    await afound.call("ECHO", value)
+                    await alean_call(afound, "ECHO", value)
             else:
-                assert await afound.call("ECHO", value) == ordinary
+                assert await alean_call(afound, "ECHO", value) == ordinary
         assert get_client().execute_command("ECHO", "\u00e9") == "\u00e9".encode()  # hiredis
         assert await get_async_client().execute_command("ECHO", "\u00e9") == "\u00e9".encode(
             encoding)
@@ -463,7 +488,7 @@ def test_forked_child_uses_its_own_connection(server: RedisServer) -> None:
         found = channel(LEAN)
         assert found is not None
         assert limited.hit("parent").allowed
-        parent_id = found.call("CLIENT", "ID")  # the parent's kept lean connection
+        parent_id = lean_call(found, "CLIENT", "ID")  # the parent's kept lean connection
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child reports through the pipe
@@ -471,7 +496,7 @@ def test_forked_child_uses_its_own_connection(server: RedisServer) -> None:
             try:
                 os.close(read_end)
                 report["allowed"] = limited.hit("child").allowed
-                report["id"] = found.call("CLIENT", "ID")
+                report["id"] = lean_call(found, "CLIENT", "ID")
                 # The connections the child dropped are collected here: closing its copies of
                 # the parent's sockets must not shut them down for the parent.
                 gc.collect()
@@ -491,7 +516,7 @@ def test_forked_child_uses_its_own_connection(server: RedisServer) -> None:
         assert report["id"] != parent_id
         # The parent goes on, on the connection it had: unharmed by the child.
         assert limited.hit("parent").allowed
-        assert found.call("CLIENT", "ID") == parent_id
+        assert lean_call(found, "CLIENT", "ID") == parent_id
         assert limited.peek("child").remaining == 100 - 2  # the child's calls counted
         pool_state(get_client().connection_pool, found)
 

@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from django_redislua.connection import primary_nodes
+from django_redislua.drivers import _background
 from django_redislua.locks import Lock, LockNotOwned, Semaphore, asingle_flight, run_once
-from django_redislua.locks.lock import _background
 
 pytestmark = pytest.mark.topologies
 

@@ -128,24 +128,23 @@ def _worker(ident: str, logdir: str, seed: int) -> None:
     log = _Log(os.path.join(logdir, f"{ident}.log"))
     stop_flag = os.path.join(logdir, "stop")
     current = {"wid": ""}
-    original_wait_until = lock_module.wait_until  # type: ignore[attr-defined]
+    original_until = lock_module.until
 
-    def wait_until(channel: str, attempt: Any, timeout: float | None,
-                   on_message: Any = None) -> bool:
+    def until(channel: str, attempt: Any, timeout: float | None, on_message: Any = None) -> Any:
         """Log when the wait is first known to be queued: its first queued try came back
         without the lock (the acquire script queued it before replying)."""
         first = [True]
 
-        def logged_attempt() -> float | None:
-            result: float | None = attempt()
+        def logged_attempt() -> Any:
+            result: float | None = yield from attempt()
             if first[0] and result is not None:
                 first[0] = False
                 log.write("Q", current["wid"], now())
             return result
 
-        return bool(original_wait_until(channel, logged_attempt, timeout, on_message))
+        return original_until(channel, logged_attempt, timeout, on_message)
 
-    lock_module.wait_until = wait_until  # type: ignore[attr-defined]
+    lock_module.until = until  # type: ignore[assignment]
     rng = random.Random(seed)
     started = now()
     log.write("B", os.getpid(), now())

@@ -24,6 +24,7 @@ from django_redislua.locks import Lock, LockNotOwned
 from django_redislua.locks.lock import _Wait
 from django_redislua.scripts import get_script
 from django_redislua.testing import CommandRecorder
+from django_redislua.transport import arun, run
 
 WINDOW = 0.3  # the claim window these tests run with (the default is 1 s)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -320,7 +321,7 @@ def test_a_hand_off_at_the_deadline_is_taken_by_the_withdrawal(where: str) -> No
     assert holder.acquire()
     wait = park(heir)
     holder.release()  # the claim goes to the parked wait, whose deadline is now
-    assert heir._withdraw(wait, "take")
+    assert run(heir._withdrawing(wait, "take"))
     assert heir.owned() and queued(heir) == 0
     assert get_client().pttl(heir.keys.base) > 25_000
     heir.release()
@@ -347,7 +348,7 @@ async def test_async_a_cancelled_heir_passes_its_claim_on_at_once(where: str) ->
     await auntil(lambda: queued(holder) == 2)
     released_at = time.monotonic()
     await holder.arelease()  # the claim goes to the parked wait...
-    await cancelled._aundo(wait)  # ...whose acquire is cancelled: it gives the claim on
+    await arun(cancelled._giving_back(wait))  # ...whose acquire is cancelled: it gives the claim on
     assert await asyncio.wait_for(task, 5)
     assert time.monotonic() - released_at < WINDOW / 2  # not after the window
     await live.arelease()
@@ -475,7 +476,7 @@ def test_a_newcomer_does_not_overtake_the_queue_when_the_lock_comes_free(where: 
     assert not client.exists(holder.keys.base)  # free, with a waiter queued
     assert not Lock("newcomer", timeout=30).acquire(blocking=False)  # offered to the queue
     assert client.hget(holder.keys.base, "wait") == wait.id.encode()
-    assert queued_first._withdraw(wait, "take")  # the queued waiter has it
+    assert run(queued_first._withdrawing(wait, "take"))  # the queued waiter has it
     queued_first.release()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import itertools
 import logging
 import threading
@@ -18,6 +19,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_redislua.connection import get_client
+from django_redislua.drivers import adrive
 from django_redislua.locks import (
     LeaseLost,
     Lock,
@@ -31,9 +33,10 @@ from django_redislua.locks import (
 )
 from django_redislua.locks.inspect import force_release
 from django_redislua.locks.keys import keys_for
-from django_redislua.locks.lease import AsyncRenewer, Lease
-from django_redislua.locks.lock import _background
+from django_redislua.locks.lease import Lease, start_renewing, stop_renewing
+from django_redislua.protocol import Call
 from django_redislua.testing import RedisServer
+from django_redislua.transport import AsyncTransport, get_async_transport
 
 # Tests on the app's configured Redis are marked ``topologies``: they run on the single server
 # and again on the 6-node cluster (tests/conftest.py). Tests that start their own servers, need
@@ -151,25 +154,31 @@ def test_singleton_renews_while_a_job_outlives_its_timeout() -> None:
 async def test_async_renewer_stops_even_if_a_renewal_loses_the_cancellation() -> None:
     """Before Python 3.12, asyncio.wait_for (redis-py wraps every socket write in it) returns
     instead of raising when the cancellation arrives just as the write finished. A renewer
-    that lost stop()'s cancellation that way renewed for ever, and stop() never returned."""
+    that lost stop()'s cancellation that way renewed for ever, and stop() never returned. Here
+    the running loop's real transport loses the cancellation of every renewal the same way."""
     lease = Lease("rl:lock:{lost-cancel}", "owner", 0.3, time.monotonic())
     renewals = 0
     renewing = asyncio.Event()
+    real = get_async_transport()
 
-    async def aextend(seconds: float, replace: bool = True) -> bool:
+    async def renewal_losing_its_cancellation(op: Call) -> int:
         nonlocal renewals
         renewals += 1
         renewing.set()
         with contextlib.suppress(asyncio.CancelledError):  # as wait_for did: the write was done
             await asyncio.sleep(0.05)
-        lease.deadline = time.monotonic() + seconds
-        return True
+        lease.deadline = time.monotonic() + 0.3
+        return 300  # the lease's new TTL in ms, as lock_extend answers
 
-    lease.aextend = aextend  # type: ignore[method-assign]
+    lossy = copy.copy(real)
+    AsyncTransport.__init__(lossy)  # its operations bound to the copy: spawns run on it too
+    lossy.operations[Call] = renewal_losing_its_cancellation
     lost: list[str] = []
-    renewer = AsyncRenewer(lease, 0.3, lambda: lost.append("lost"))
+    renewer = await adrive(start_renewing(lease, 0.3, lambda: lost.append("lost"), "lost"),
+                           lossy)
     await asyncio.wait_for(renewing.wait(), 5)
-    await asyncio.wait_for(renewer.stop(), 5)  # the cancellation lands inside the renewal
+    # the cancellation lands inside the renewal
+    await asyncio.wait_for(adrive(stop_renewing(renewer), lossy), 5)
     stopped_after = renewals
     await asyncio.sleep(0.3)  # three renewal intervals: none may follow
     assert renewals == stopped_after == 1
@@ -361,8 +370,10 @@ def test_a_lock_waiting_for_a_replica_is_acquired_once_it_confirms(
 
 
 @pytest.mark.topologies
-async def test_async_a_lock_waiting_for_replicas_refuses_without_them() -> None:
-    lock = Lock("adurable", timeout=30, replicas=1, replica_timeout=0.05)
+async def test_async_a_lock_waiting_for_replicas_refuses_without_them(topology: str) -> None:
+    # The test server has no replica; every cluster primary has one: ask for one more.
+    replicas = 2 if topology == "cluster" else 1
+    lock = Lock("adurable", timeout=30, replicas=replicas, replica_timeout=0.05)
     with pytest.raises(LockUnavailable, match="replica"):
         await lock.aacquire()
     assert not await lock.alocked()
@@ -393,13 +404,14 @@ def on_cluster(redis_cluster: Any) -> Iterator[None]:
 
 
 @pytest.mark.cluster
-async def test_async_waiting_for_replicas_is_refused_on_the_cluster(on_cluster: None) -> None:
-    lock = Lock("acluster-durable", timeout=30, replicas=1)
-    with pytest.raises(LockUnavailable, match="asyncio cluster"):
-        await lock.aacquire()
-    loop = asyncio.get_running_loop()
-    # The refused wait's clean-up, on this loop (a task of an earlier test's closed loop could
-    # never be awaited here, and is not this test's).
-    await asyncio.wait_for(asyncio.gather(
-        *(task for task in set(_background) if task.get_loop() is loop)), timeout=10)
-    assert not await lock.alocked()
+async def test_async_waiting_for_a_replica_on_the_cluster(on_cluster: None) -> None:
+    """The asyncio twin of test_waiting_for_a_replica_on_the_cluster: the same protocol, so
+    the same answers (the asyncio cluster client once refused to wait for replicas)."""
+    with override_settings(REDISLUA={**settings.REDISLUA, "SOCKET_TIMEOUT": 5}):
+        lock = Lock("acluster-durable", timeout=30, replicas=1, replica_timeout=3)
+        assert await lock.aacquire()  # WAIT went to the primary that owns the lock's slot
+        assert await lock.aowned()
+        await lock.arelease()
+        with pytest.raises(LockUnavailable, match="replica"):
+            await Lock("acluster-durable", timeout=30, replicas=2, replica_timeout=0.2).aacquire()
+        assert not await lock.alocked()

@@ -34,7 +34,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from django_redislua import scripts
+from django_redislua import transport
 from django_redislua.connection import get_client
 from django_redislua.recipes import (
     CappedCounter,
@@ -76,7 +76,8 @@ def unique(prefix: str) -> str:
 @pytest.fixture
 def frozen(monkeypatch: pytest.MonkeyPatch) -> TransactionalClient:
     client = TransactionalClient(get_client())
-    monkeypatch.setattr(scripts, "get_client", lambda: client)
+    through_it = transport.transport_for(client)  # every script call of the recipes goes here
+    monkeypatch.setattr(transport, "get_transport", lambda: through_it)
     return client
 
 

@@ -17,7 +17,7 @@ import math
 import re
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -29,9 +29,13 @@ from django_redislua import metrics
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.keys import client_ip
-from django_redislua.limiting import Decision, Policy, aevaluate, evaluate
-from django_redislua.request_layer import report_outage
+from django_redislua.limiting.decision import Decision
+from django_redislua.limiting.engine import evaluation
+from django_redislua.limiting.policy import Policy
+from django_redislua.protocol import Protocol
+from django_redislua.reporting import report_outage
 from django_redislua.signals import rate_limited
+from django_redislua.transport import arun, run
 
 __all__ = ["is_ratelimited", "get_usage"]  # noqa: RUF022 (django-ratelimit's order)
 
@@ -326,6 +330,28 @@ def _outage(check: _Check, increment: bool, exc: BaseException) -> Usage | None:
     return {"count": 0, "limit": 0, "should_limit": True, "time_left": -1}
 
 
+def usage(request: HttpRequest, group: str | None, fn: Any, key: Any, rate: Any,
+          method: Method, increment: bool) -> Protocol[Usage | None]:
+    """The protocol of :func:`get_usage` (and of its asyncio twin)."""
+    check = _check(request, group, fn, key, rate, method)
+    if check is None:
+        return None
+    if check.limit <= 0:
+        return _deny_all(request, check, increment)
+    try:
+        counted = (yield from evaluation([(check.counter, check.value, 1)], not increment, None,
+                                         (), ()))[0]
+    except CLIENT_ERRORS as exc:
+        return _outage(check, increment, exc)
+    return _usage(request, check, counted, increment)
+
+
+def limited(request: HttpRequest, group: str | None, fn: Any, key: Any, rate: Any,
+            method: Method, increment: bool) -> Protocol[bool]:
+    found = yield from usage(request, group, fn, key, rate, method, increment)
+    return bool(found and found["should_limit"])
+
+
 def get_usage(
     request: HttpRequest, group: str | None = None, fn: Any = None, key: Any = None,
     rate: Any = None, method: Method = ALL, increment: bool = False,
@@ -336,35 +362,15 @@ def get_usage(
     requests count too), ``should_limit`` is ``count > limit``, ``time_left`` the whole seconds
     until the window ends. Also carries ``decision`` (this engine's Decision, for headers).
     """
-    check = _check(request, group, fn, key, rate, method)
-    if check is None:
-        return None
-    if check.limit <= 0:
-        return _deny_all(request, check, increment)
-    try:
-        counted = evaluate([(check.counter, check.value, 1)], peek=not increment,
-                           metered=False)[0]
-    except CLIENT_ERRORS as exc:
-        return _outage(check, increment, exc)
-    return _usage(request, check, counted, increment)
+    return run(usage(request, group, fn, key, rate, method, increment))
 
 
-async def aget_usage(
+def aget_usage(
     request: HttpRequest, group: str | None = None, fn: Any = None, key: Any = None,
     rate: Any = None, method: Method = ALL, increment: bool = False,
-) -> Usage | None:
+) -> Awaitable[Usage | None]:
     """The asyncio twin of :func:`get_usage` (not in django-ratelimit)."""
-    check = _check(request, group, fn, key, rate, method)
-    if check is None:
-        return None
-    if check.limit <= 0:
-        return _deny_all(request, check, increment)
-    try:
-        counted = (await aevaluate([(check.counter, check.value, 1)], peek=not increment,
-                                  metered=False))[0]
-    except CLIENT_ERRORS as exc:
-        return _outage(check, increment, exc)
-    return _usage(request, check, counted, increment)
+    return arun(usage(request, group, fn, key, rate, method, increment))
 
 
 def is_ratelimited(
@@ -372,17 +378,15 @@ def is_ratelimited(
     rate: Any = None, method: Method = ALL, increment: bool = False,
 ) -> bool:
     """django-ratelimit's ``is_ratelimited``: ``get_usage(...)["should_limit"]``, or False."""
-    usage = get_usage(request, group, fn, key, rate, method, increment)
-    return bool(usage and usage["should_limit"])
+    return run(limited(request, group, fn, key, rate, method, increment))
 
 
-async def ais_ratelimited(
+def ais_ratelimited(
     request: HttpRequest, group: str | None = None, fn: Any = None, key: Any = None,
     rate: Any = None, method: Method = ALL, increment: bool = False,
-) -> bool:
+) -> Awaitable[bool]:
     """The asyncio twin of :func:`is_ratelimited` (not in django-ratelimit)."""
-    usage = await aget_usage(request, group, fn, key, rate, method, increment)
-    return bool(usage and usage["should_limit"])
+    return arun(limited(request, group, fn, key, rate, method, increment))
 
 
 is_ratelimited.ALL = ALL  # type: ignore[attr-defined]

@@ -11,8 +11,10 @@ from django.conf import settings as django_settings
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
-from django_redislua.compat.core import ALL, UNSAFE, Usage, aget_usage, get_usage
+from django_redislua.compat.core import ALL, UNSAFE, Usage, usage
 from django_redislua.compat.exceptions import Ratelimited
+from django_redislua.protocol import Invoke, Protocol
+from django_redislua.transport import arun, run
 
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
 
@@ -43,23 +45,24 @@ def ratelimit(
     use :func:`django_redislua.decorators.ratelimit` for one all-or-nothing call).
     """
 
+    def guarded(request: HttpRequest, fn: Any, view: Callable[[], Any]) -> Protocol[Any]:
+        found = yield from usage(request, group, fn, key, rate, method, True)
+        if _record(request, found) and block and found is not None:
+            _raise(found)
+        return (yield Invoke(view))
+
     def decorator(fn: ViewT) -> ViewT:
         if iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def awrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-                usage = await aget_usage(request, group, fn, key, rate, method, increment=True)
-                if _record(request, usage) and block and usage is not None:
-                    _raise(usage)
-                return await fn(request, *args, **kwargs)
+                view = functools.partial(fn, request, *args, **kwargs)
+                return await arun(guarded(request, fn, view))
 
             return cast(ViewT, awrapped)
 
         @functools.wraps(fn)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-            usage = get_usage(request, group, fn, key, rate, method, increment=True)
-            if _record(request, usage) and block and usage is not None:
-                _raise(usage)
-            return fn(request, *args, **kwargs)
+            return run(guarded(request, fn, functools.partial(fn, request, *args, **kwargs)))
 
         return cast(ViewT, wrapped)
 

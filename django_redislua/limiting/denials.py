@@ -31,9 +31,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from django_redislua.conf import on_change, settings
 from django_redislua.limiting import clock as decision_clock
+from django_redislua.limiting.decision import Decision
+
+if TYPE_CHECKING:
+    from django_redislua.limiting.policy import Policy
 
 # A denial is answered locally for 1 s at most: a reset elsewhere waits no longer.
 HORIZON_US = 1_000_000
@@ -112,6 +117,3 @@ def clock(now_us: int | None) -> int:
 def _settings_changed() -> None:
     _entries.clear()
 
-
-# At the bottom: policy imports the engine, which imports this module.
-from django_redislua.limiting.policy import Decision, Policy  # noqa: E402

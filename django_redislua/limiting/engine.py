@@ -5,6 +5,12 @@ slot go together; checks on different slots are decided one call per slot, the c
 (every node's share is written before any reply is read: one round trip per node, overlapped).
 All-or-nothing holds per slot only (give related policies the same identity to keep them in one
 slot).
+
+Written once for both drivers: one check is a :class:`_One` (a :class:`~django_redislua.drivers.
+Step`: the hot path runs it without a generator), several are the protocol :func:`evaluation`.
+Each holds what its replies mean, what its failures mean (metered, and a concurrency lease a
+lost reply may have taken given back) and the metrics; ``decide``/``adecide`` and
+``evaluate``/``aevaluate`` only hand them to a driver.
 """
 
 from __future__ import annotations
@@ -14,34 +20,37 @@ import functools
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Collection, Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Collection, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from django_redislua import conf, metrics
-from django_redislua.connection import (
-    CLIENT_ERRORS,
-    AsyncClient,
-    SyncClient,
-    get_async_client,
-    get_client,
-    on_throwaway_loop,
-)
+from django_redislua.connection import CLIENT_ERRORS
+from django_redislua.drivers import adrive, adrive_step, drive, drive_step, stepped
 from django_redislua.limiting import clock, denials
-from django_redislua.limiting.policy import Decision, Policy, PolicyError, RateLimited
+from django_redislua.limiting.decision import Decision, PolicyError, RateLimited
+from django_redislua.protocol import Clustered, Execute, Protocol, call_groups, retried, undone
 from django_redislua.scripts import Script, get_script
+from django_redislua.transport import (
+    acurrent,
+    arun,
+    async_transport_for,
+    current,
+    run,
+    transport_for,
+)
 
-Check = tuple[Policy, str | bytes | int, int]
+if TYPE_CHECKING:
+    from django_redislua.limiting.policy import Policy
+
+Check = tuple["Policy", str | bytes | int, int]
 US = 1_000_000.0
 NEVER = math.inf  # retry_after of a denial no wait can lift (a zero rate, a cost above capacity)
 SCRIPT = "django_redislua.ratelimit"
 # A single check goes to its algorithm's own flat script (ratelimit_fw.lua): no function in it.
 SCRIPT_ONE = {code: f"{SCRIPT}_{code}" for code in ("fw", "sl", "sw", "tb", "lb", "gc", "cc")}
-CLUSTER_CLIENTS = (RedisCluster, AsyncRedisCluster)
 
 
 def _nonce() -> str:
@@ -77,32 +86,48 @@ def _extra(policy: Policy) -> Any:
     return _nonce() if policy.code in ("sl", "cc") else policy.extra
 
 
-class _One:
-    """One check as data, no I/O: the lean common case (a single policy on a request).
+def _lease_given_back(failure: BaseException, key: str, lease: str,
+                      policy: Policy) -> Protocol[None]:
+    """A concurrency hit whose reply never came may hold a slot nobody will release: it is
+    given back by its lease id (a second ZREM changes nothing)."""
+    giving_back = retried(lambda: _removed(key, lease), time.monotonic() + (policy.timeout or 0))
+    yield from undone(failure, giving_back, f"redislua-slot:{policy.name}")
 
-    ``decision`` is set when no round trip is needed (a doomed check, or a denial this process
+
+def _removed(key: str, lease: str) -> Protocol[None]:
+    yield Execute(("ZREM", key, lease))
+
+
+class _One:
+    """One check as data, no I/O: the lean common case (a single policy on a request), a
+    :class:`~django_redislua.drivers.Step`.
+
+    ``decided`` is set when no round trip is needed (a doomed check, or a denial this process
     already knows, see :mod:`denials`); otherwise ``script`` run with ``command`` decides, and
-    :meth:`result` turns its reply into the Decision.
+    :meth:`result` turns its reply into the Decision, :meth:`failed` says what a failure means.
     """
 
-    __slots__ = ("command", "cost", "decision", "extra", "identity", "key", "peek", "policy",
-                 "script", "sent")
+    __slots__ = ("command", "cost", "decided", "extra", "identity", "key", "peek", "policy",
+                 "script", "sent", "sinks", "started")
 
     def __init__(self, policy: Policy, identity: str | bytes | int, cost: int, peek: bool,
-                 now_us: int | None) -> None:
+                 now_us: int | None, sinks: tuple[metrics.Sink, ...] = ()) -> None:
         self.policy, self.identity, self.cost, self.peek = policy, identity, cost, peek
-        self.decision: Decision | None = None
+        self.decided: Decision | None = None
+        self.sinks = sinks
+        self.started = time.perf_counter() if sinks else 0.0
         # This runs on every decision, mostly with caches cold: one test for the rare cases.
         if (cost < 1 or cost > policy.limit or policy._rate_callable is not None
                 or (policy.code == "cc" and cost != 1)):
             _validate(policy, cost)  # raises for a caller's mistake; else the check is doomed
-            self.decision = _denied(policy, identity)
+            self.decided = self._metered(_denied(policy, identity))
             return
         self.key = key = policy.redis_key(identity)
         self.sent = denials.clock(now_us)
         if not peek:
-            self.decision = denials.answer(key, cost, self.sent, policy, identity)
-            if self.decision is not None:
+            known = denials.answer(key, cost, self.sent, policy, identity)
+            if known is not None:
+                self.decided = self._metered(known)
                 return
         self.extra = extra = _extra(policy)
         call = policy._single_call
@@ -112,18 +137,34 @@ class _One:
         self.command = (*call[2], key, "peek" if peek else "hit", clock.script_now(now_us),
                         policy.code, policy.limit, policy.param, cost, extra, "1")
 
+    def _metered(self, decision: Decision) -> Decision:
+        if self.sinks:
+            _metered((decision,), time.perf_counter() - self.started, self.sinks)
+        return decision
+
     def result(self, reply: Sequence[int]) -> Decision:
         policy = self.policy
         allowed = reply[0] == 1
         if not self.peek:
             denials.learn(self.key, self.cost, self.sent, policy, reply, consumed=allowed)
-        return _decision(
+        return self._metered(_decision(
             (allowed, policy.limit, reply[1], reply[2] / US, reply[3] / US, policy, self.identity,
-             self.extra if allowed and policy.code == "cc" and not self.peek else None, False))
+             self.extra if allowed and policy.code == "cc" and not self.peek else None, False)))
+
+    def failed(self, failure: BaseException) -> Protocol[Decision]:
+        """Timed as a failure (a socket timeout takes time too); a concurrency lease the lost
+        call may have taken is given back; then the failure is raised."""
+        if self.sinks and isinstance(failure, CLIENT_ERRORS):
+            _timed_failure([(self.policy, self.identity, self.cost)], failure,
+                           time.perf_counter() - self.started, self.sinks)
+        if self.policy.code == "cc" and not self.peek:
+            yield from _lease_given_back(failure, self.key, self.extra, self.policy)
+        raise failure
 
 
 # Decision's fields as one tuple, without the Python-level __new__ a named tuple calls.
 _decision = functools.partial(tuple.__new__, Decision)
+
 
 def _single_call(policy: Policy) -> tuple[int, Script, tuple[Any, ...]]:
     """The script a single check of ``policy`` runs (its algorithm's own, see SCRIPT_ONE) and
@@ -138,7 +179,7 @@ def _single_call(policy: Policy) -> tuple[int, Script, tuple[Any, ...]]:
 
 class _Plan:
     """Several checks as data, no I/O: the script calls to make, and the Decisions from their
-    replies. ``evaluate`` and ``aevaluate`` only drive it, so the two cannot drift apart.
+    replies.
 
     Checks on the same state key (one policy and identity reached by two rules) are merged into
     one: the strictest policy (least capacity), the largest cost, gating if either gates; each
@@ -203,13 +244,20 @@ class _Plan:
             self.calls.append((keys, args))
 
     def commands(self, script: Script) -> list[tuple[Any, ...]]:
-        """The script calls to make: one per slot group, sent together (Script.run_all)."""
+        """The script calls to make: one per slot group, sent together (protocol.call_groups)."""
         head = script.head()
         return [(*head, len(keys), *keys, *args) for keys, args in self.calls]
 
     def partly_decided(self, cause: BaseException) -> PartlyDecided:
         """The failure to raise when Redis failed once the gate was already closed."""
         return PartlyDecided([self.known[j] for j in self.index], cause)
+
+    def leases(self) -> list[tuple[Policy, str, str]]:
+        """``(policy, key, lease)`` of every concurrency hit sent (a lost reply may hold it)."""
+        if self.peek:
+            return []
+        return [(self.unique[j][0], self.unique[j][4], self.extras[j])
+                for group in self.groups for j in group if self.unique[j][0].code == "cc"]
 
     def decisions(self, replies: Sequence[Sequence[int]]) -> list[Decision]:
         unique, peek = self.unique, self.peek
@@ -245,12 +293,6 @@ class PartlyDecided(redis.RedisError):
     def __init__(self, known: list[Decision | None], cause: BaseException) -> None:
         super().__init__(f"{cause} (a gating check was already denied)")
         self.known = known
-
-
-def _on_cluster(checks: Sequence[Check], client: object) -> bool:
-    """Whether checks may need one call per slot. One check never does, and the isinstance
-    test is not free (redis-py's asyncio cluster class is a typing Protocol)."""
-    return len(checks) > 1 and isinstance(client, CLUSTER_CLIENTS)
 
 
 def metric_result(decision: Decision) -> str:
@@ -296,160 +338,149 @@ def _timed_failure(checks: Sequence[Check], exc: BaseException, seconds: float,
             sink.decision_seconds(name, seconds)
 
 
+def evaluation(checks: Sequence[Check], peek: bool, now_us: int | None,
+               soft: Collection[int], sinks: tuple[metrics.Sink, ...]
+               ) -> Protocol[list[Decision]]:
+    """Decide every ``(policy, identity, cost)``: the protocol of :func:`evaluate`."""
+    if len(checks) == 1:  # one check gates nothing but itself: ``soft`` changes nothing
+        return [(yield from stepped(_One(*checks[0], peek, now_us, sinks)))]
+    started = time.perf_counter()
+    cluster = yield Clustered()
+    try:
+        plan = _Plan(checks, peek, now_us, soft, cluster)
+        replies: list[Any] = []
+        if plan.calls:
+            script = get_script(SCRIPT)
+            try:
+                replies = yield from call_groups(script, plan.commands(script))
+            except BaseException as exc:
+                for policy, key, lease in plan.leases():
+                    yield from _lease_given_back(exc, key, lease, policy)
+                if plan.gate_closed and isinstance(exc, CLIENT_ERRORS):
+                    raise plan.partly_decided(exc) from exc  # refused whatever Redis would say
+                raise
+        decisions = plan.decisions(replies)
+    except CLIENT_ERRORS as exc:  # Redis failing; a caller's mistake decided nothing
+        if sinks:
+            _timed_failure(checks, exc, time.perf_counter() - started, sinks)
+        raise
+    if sinks:
+        _metered(decisions, time.perf_counter() - started, sinks)
+    return decisions
+
+
 def evaluate(
     checks: Sequence[Check], *, peek: bool = False, now_us: int | None = None,
-    client: SyncClient | None = None, soft: Collection[int] = (), metered: bool = True,
+    client: Any = None, soft: Collection[int] = (), metered: bool = True,
 ) -> list[Decision]:
     """Decide every ``(policy, identity, cost)`` in one script call (one per cluster slot).
 
     ``soft`` holds the indexes of checks that do not gate: their denial does not stop the
     others from consuming, and they consume whenever they allow. The others are all-or-nothing
-    among themselves. ``now_us`` is for tests. Hits are counted in the metrics (see
+    among themselves. ``now_us`` is for tests; ``client`` a redis-py client (or any object with
+    ``execute_command``) instead of the app's. Hits are counted in the metrics (see
     :mod:`django_redislua.metrics`) unless ``metered`` is False: a caller that reads the
     Decisions its own way (compat) counts what it decided itself. Peeks are never counted.
     """
     sinks = () if peek or not metered else metrics.sinks()
-    if not sinks:
-        return _evaluate(checks, peek, now_us, client, soft)
-    started = time.perf_counter()
-    try:
-        decisions = _evaluate(checks, peek, now_us, client, soft)
-    except CLIENT_ERRORS as exc:  # Redis failing; a caller's mistake decided nothing
-        _timed_failure(checks, exc, time.perf_counter() - started, sinks)
-        raise
-    _metered(decisions, time.perf_counter() - started, sinks)
-    return decisions
-
-
-def _evaluate(checks: Sequence[Check], peek: bool, now_us: int | None,
-              client: SyncClient | None, soft: Collection[int]) -> list[Decision]:
-    if len(checks) == 1:  # one check gates nothing but itself: ``soft`` changes nothing
-        return [_decide(*checks[0], peek, now_us, client)]
-    if client is None:
-        client = get_client()
-    plan = _Plan(checks, peek, now_us, soft, _on_cluster(checks, client))
-    if not plan.calls:
-        return plan.decisions([])
-    script = get_script(SCRIPT)
-    try:
-        replies = script.run_all(plan.commands(script), client)
-    except CLIENT_ERRORS as exc:
-        if plan.gate_closed:  # refused whatever Redis would say: keep what is known
-            raise plan.partly_decided(exc) from exc
-        raise
-    return plan.decisions(replies)
-
-
-def decide(
-    policy: Policy, identity: str | bytes | int, cost: int, *, peek: bool = False,
-    now_us: int | None = None, client: SyncClient | None = None,
-) -> Decision:
-    """One check: :func:`evaluate` of ``[(policy, identity, cost)]``, without the list."""
-    sinks = () if peek else metrics.sinks()
-    if not sinks:
-        return _decide(policy, identity, cost, peek, now_us, client)
-    started = time.perf_counter()
-    try:
-        decision = _decide(policy, identity, cost, peek, now_us, client)
-    except CLIENT_ERRORS as exc:
-        _timed_failure([(policy, identity, cost)], exc, time.perf_counter() - started, sinks)
-        raise
-    _metered((decision,), time.perf_counter() - started, sinks)
-    return decision
-
-
-def _decide(policy: Policy, identity: str | bytes | int, cost: int, peek: bool,
-            now_us: int | None, client: SyncClient | None) -> Decision:
-    one = _One(policy, identity, cost, peek, now_us)
-    if one.decision is not None:
-        return one.decision
-    return one.result(one.script.run(one.command, client))
+    transport = current() if client is None else transport_for(client)
+    if len(checks) == 1:
+        return [drive_step(_One(*checks[0], peek, now_us, sinks), transport)]
+    return drive(evaluation(checks, peek, now_us, soft, sinks), transport)
 
 
 async def aevaluate(
     checks: Sequence[Check], *, peek: bool = False, now_us: int | None = None,
-    client: AsyncClient | None = None, soft: Collection[int] = (), metered: bool = True,
+    client: Any = None, soft: Collection[int] = (), metered: bool = True,
 ) -> list[Decision]:
-    """The asyncio twin of :func:`evaluate`."""
-    if client is None and on_throwaway_loop():  # an async view under WSGI: see on_throwaway_loop
-        return evaluate(checks, peek=peek, now_us=now_us, soft=soft, metered=metered)
-    sinks = () if peek or not metered else metrics.sinks()
-    if not sinks:
-        return await _aevaluate(checks, peek, now_us, client, soft)
-    started = time.perf_counter()
-    try:
-        decisions = await _aevaluate(checks, peek, now_us, client, soft)
-    except CLIENT_ERRORS as exc:  # Redis failing; a caller's mistake decided nothing
-        _timed_failure(checks, exc, time.perf_counter() - started, sinks)
-        raise
-    _metered(decisions, time.perf_counter() - started, sinks)
-    return decisions
+    """The asyncio twin of :func:`evaluate` (an async view under WSGI decides inline, on the
+    sync transport: see ``transport.ThrowawayLoopTransport``)."""
+    protocol = evaluation(checks, peek, now_us, soft, _sinks(peek, metered))
+    return await adrive(protocol, _async_transport(client))
 
 
-async def _aevaluate(checks: Sequence[Check], peek: bool, now_us: int | None,
-                     client: AsyncClient | None, soft: Collection[int]) -> list[Decision]:
-    if len(checks) == 1:
-        return [await _adecide(*checks[0], peek, now_us, client)]
-    if client is None:
-        client = get_async_client()
-    plan = _Plan(checks, peek, now_us, soft, _on_cluster(checks, client))
-    if not plan.calls:
-        return plan.decisions([])
-    script = get_script(SCRIPT)
-    try:
-        replies = await script.arun_all(plan.commands(script), client)
-    except CLIENT_ERRORS as exc:
-        if plan.gate_closed:
-            raise plan.partly_decided(exc) from exc
-        raise
-    return plan.decisions(replies)
+def _sinks(peek: bool, metered: bool = True) -> tuple[metrics.Sink, ...]:
+    """Where a decision is counted: nowhere for a peek (or a caller that counts itself)."""
+    return () if peek or not metered else metrics.sinks()
+
+
+def _async_transport(client: Any) -> Any:
+    return acurrent() if client is None else async_transport_for(client)
+
+
+def decide(
+    policy: Policy, identity: str | bytes | int, cost: int, *, peek: bool = False,
+    now_us: int | None = None, client: Any = None,
+) -> Decision:
+    """One check: :func:`evaluate` of ``[(policy, identity, cost)]``, without the list."""
+    one = _One(policy, identity, cost, peek, now_us, () if peek else metrics.sinks())
+    if one.decided is not None:  # a flood answered locally: no transport to find
+        return one.decided
+    return cast(Decision, drive_step(one, current() if client is None
+                                     else transport_for(client)))
 
 
 async def adecide(
     policy: Policy, identity: str | bytes | int, cost: int, *, peek: bool = False,
-    now_us: int | None = None, client: AsyncClient | None = None,
+    now_us: int | None = None, client: Any = None,
 ) -> Decision:
     """The asyncio twin of :func:`decide`."""
-    if client is None and on_throwaway_loop():
-        return decide(policy, identity, cost, peek=peek, now_us=now_us)
-    sinks = () if peek else metrics.sinks()
-    if not sinks:
-        return await _adecide(policy, identity, cost, peek, now_us, client)
-    started = time.perf_counter()
-    try:
-        decision = await _adecide(policy, identity, cost, peek, now_us, client)
-    except CLIENT_ERRORS as exc:
-        _timed_failure([(policy, identity, cost)], exc, time.perf_counter() - started, sinks)
-        raise
-    _metered((decision,), time.perf_counter() - started, sinks)
-    return decision
+    one = _One(policy, identity, cost, peek, now_us, _sinks(peek))
+    return cast(Decision, await adrive_step(one, _async_transport(client)))
 
 
-async def _adecide(policy: Policy, identity: str | bytes | int, cost: int, peek: bool,
-                   now_us: int | None, client: AsyncClient | None) -> Decision:
-    one = _One(policy, identity, cost, peek, now_us)
-    if one.decision is not None:
-        return one.decision
-    return one.result(await one.script.arun(one.command, client))
+def resetting(policy: Policy, identity: str | bytes | int) -> Protocol[bool]:
+    """Forget ``identity``'s state under ``policy``; False when there was none."""
+    state = policy.redis_key(identity)
+    denials.forget(state)
+    return bool((yield Execute(("DEL", state))))
 
 
-@contextlib.contextmanager
-def slot(policy: Policy, identity: str | bytes | int) -> Iterator[Decision]:
-    decision = policy.hit(identity)
-    if not decision.allowed:
-        raise RateLimited([decision])
-    try:
-        yield decision
-    finally:
-        policy.release(identity, decision)
+def releasing(policy: Policy, identity: str | bytes | int, decision: Decision
+              ) -> Protocol[None]:
+    """Give back the concurrency slot ``decision`` took (by its lease id: twice is harmless)."""
+    if decision.lease is not None:
+        yield Execute(("ZREM", policy.redis_key(identity), decision.lease))
 
 
-@contextlib.asynccontextmanager
-async def aslot(policy: Policy, identity: str | bytes | int) -> AsyncIterator[Decision]:
-    decision = await policy.ahit(identity)
-    if not decision.allowed:
-        raise RateLimited([decision])
-    try:
-        yield decision
-    finally:
-        await policy.arelease(identity, decision)
+class Slot:
+    """``with policy.slot(key):`` / ``async with policy.aslot(key):``: a concurrency slot held
+    for the block; RateLimited (with the Decision) when none is free."""
+
+    def __init__(self, policy: Policy, identity: str | bytes | int) -> None:
+        self.policy, self.identity = policy, identity
+        self.decision: Decision | None = None
+
+    def _entering(self) -> Protocol[Decision]:
+        one = _One(self.policy, self.identity, self.policy.cost, False, None, metrics.sinks())
+        decision: Decision = yield from stepped(one)
+        if not decision.allowed:
+            raise RateLimited([decision])
+        self.decision = decision
+        return decision
+
+    def _leaving(self) -> Protocol[None]:
+        assert self.decision is not None
+        yield from releasing(self.policy, self.identity, self.decision)
+
+    def __enter__(self) -> Decision:
+        return run(self._entering())
+
+    def __exit__(self, *exc: object) -> None:
+        run(self._leaving())
+
+    def __aenter__(self) -> Coroutine[Any, Any, Decision]:
+        return arun(self._entering())
+
+    def __aexit__(self, *exc: object) -> Coroutine[Any, Any, None]:
+        return arun(self._leaving())
+
+
+def slot(policy: Policy, identity: str | bytes | int
+         ) -> contextlib.AbstractContextManager[Decision]:
+    return Slot(policy, identity)
+
+
+def aslot(policy: Policy, identity: str | bytes | int) -> Slot:
+    return Slot(policy, identity)
+

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import import_string
 
 from django_redislua import conf
 from django_redislua.conf import settings
-from django_redislua.connection import get_async_client, get_client, on_throwaway_loop
+from django_redislua.limiting import engine
+from django_redislua.limiting.decision import Decision, PolicyError, RateLimited
 from django_redislua.limiting.identity import bound_identity
 from django_redislua.limiting.rates import Rate, RateError, parse_duration, parse_rate
+from django_redislua.transport import arun, run
+
+__all__ = ["Decision", "Policy", "PolicyError", "RateLimited", "check_cost", "resolve_callable"]
 
 if TYPE_CHECKING:
-    from contextlib import AbstractAsyncContextManager, AbstractContextManager
+    from contextlib import AbstractContextManager
 
 ALGORITHMS = {
     "fixed_window": "fw",
@@ -45,14 +49,6 @@ RateSpec = str | Callable[..., str | None] | None
 # Integers above 2^53 are not exact in a Lua number (a double): the scripts' bucket arithmetic
 # (capacity times the interval numerator) must stay well below it.
 MAX_EXACT = 2**53
-
-
-class PolicyError(ValueError):
-    """A policy is misconfigured. ``check_id`` is the system check that reports it."""
-
-    def __init__(self, check_id: str, message: str) -> None:
-        super().__init__(message)
-        self.check_id = check_id
 
 
 def _positive_int(value: object, check_id: str, what: str) -> int:
@@ -260,39 +256,29 @@ class Policy:
 
     def reset(self, key: str | bytes | int) -> bool:
         """Forget ``key``'s state; False when there was none."""
-        state = self.redis_key(key)
-        denials.forget(state)
-        return bool(get_client().delete(state))
+        return run(engine.resetting(self, key))
 
     def release(self, key: str | bytes | int, decision: Decision) -> None:
         """Give back a concurrency slot taken by ``decision``."""
-        if decision.lease is not None:
-            get_client().zrem(self.redis_key(key), decision.lease)
+        run(engine.releasing(self, key, decision))
 
-    async def ahit(self, key: str | bytes | int, cost: int | None = None) -> Decision:
-        return await engine.adecide(self, key, self.cost if cost is None else cost)
+    def ahit(self, key: str | bytes | int, cost: int | None = None) -> Awaitable[Decision]:
+        return engine.adecide(self, key, self.cost if cost is None else cost)
 
-    async def apeek(self, key: str | bytes | int) -> Decision:
-        return await engine.adecide(self, key, self.cost, peek=True)
+    def apeek(self, key: str | bytes | int) -> Awaitable[Decision]:
+        return engine.adecide(self, key, self.cost, peek=True)
 
-    async def areset(self, key: str | bytes | int) -> bool:
-        if on_throwaway_loop():
-            return self.reset(key)
-        state = self.redis_key(key)
-        denials.forget(state)
-        return bool(await get_async_client().delete(state))
+    def areset(self, key: str | bytes | int) -> Awaitable[bool]:
+        return arun(engine.resetting(self, key))
 
-    async def arelease(self, key: str | bytes | int, decision: Decision) -> None:
-        if on_throwaway_loop():
-            return self.release(key, decision)
-        if decision.lease is not None:
-            await get_async_client().zrem(self.redis_key(key), decision.lease)
+    def arelease(self, key: str | bytes | int, decision: Decision) -> Awaitable[None]:
+        return arun(engine.releasing(self, key, decision))
 
     def slot(self, key: str | bytes | int) -> AbstractContextManager[Decision]:
         """``with policy.slot(key):`` holds a concurrency slot; RateLimited if none is free."""
         return engine.slot(self, key)
 
-    def aslot(self, key: str | bytes | int) -> AbstractAsyncContextManager[Decision]:
+    def aslot(self, key: str | bytes | int) -> engine.Slot:
         return engine.aslot(self, key)
 
 
@@ -340,44 +326,3 @@ def _methods(name: str, methods: Sequence[str] | str | None) -> frozenset[str] |
     return result
 
 
-class Decision(NamedTuple):
-    """What Redis decided for one policy and one identity. Immutable; a named tuple because
-    one is built for every decision, at a third of a frozen dataclass's cost."""
-
-    allowed: bool
-    limit: int
-    remaining: int
-    reset_after: float
-    retry_after: float
-    policy: Policy
-    key: str | bytes | int = ""
-    lease: str | None = None
-    local: bool = False  # answered by this process's denial cache, without a round trip
-
-    def __bool__(self) -> bool:
-        return self.allowed
-
-    @property
-    def shadow(self) -> bool:
-        """The policy is in shadow mode: the Django layers never block on this Decision."""
-        return self.policy.shadow
-
-
-class RateLimited(Exception):
-    """Raised when a request is denied; carries every Decision made for it."""
-
-    def __init__(self, decisions: Sequence[Decision]) -> None:
-        self.decisions = list(decisions)
-        denied = [d for d in self.decisions if not d.allowed]
-        names = ", ".join(d.policy.name for d in denied) or "?"
-        super().__init__(f"rate limited by {names}; retry after {self.retry_after:.3f}s")
-
-    @property
-    def retry_after(self) -> float:
-        return max((d.retry_after for d in self.decisions if not d.allowed), default=0.0)
-
-
-# At the bottom: the engine imports this module, and Policy's methods call into the engine. A
-# module-level import (not one inside each method, which costs microseconds per call) keeps
-# the hot path lean.
-from django_redislua.limiting import denials, engine  # noqa: E402

@@ -17,7 +17,6 @@ Results and values are pickled, as Django's cache does: only store what your own
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import math
@@ -32,17 +31,12 @@ from asgiref.sync import iscoroutinefunction
 from django_redislua import metrics
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import Keys, keys_for
-from django_redislua.locks.lease import AsyncRenewer, Lease, Renewer, milliseconds
-from django_redislua.locks.lock import (
-    LeaseLost,
-    Lock,
-    LockError,
-    async_client_ready,
-    keep_running,
-    parse_wait,
-)
-from django_redislua.locks.waiting import await_until, wait_until
+from django_redislua.locks.lease import Lease, milliseconds, start_renewing, stop_renewing
+from django_redislua.locks.lock import LeaseLost, Lock, LockError, parse_wait
+from django_redislua.locks.waiting import until
+from django_redislua.protocol import Call, Invoke, Protocol, performed, retried, undone
 from django_redislua.scripts import get_script
+from django_redislua.transport import arun, run
 
 logger = logging.getLogger("django_redislua.locks")
 
@@ -80,48 +74,36 @@ def singleton(name: str, timeout: float | str, wait: bool = False,
     def decorate(func: Callable[P, R]) -> Callable[P, R | None]:
         what = f"singleton {name!r}"
 
-        def lock() -> Lock:
-            return Lock(name, timeout, blocking=wait, blocking_timeout=blocking_timeout,
+        def running(body: Invoke) -> Protocol[Any]:
+            held = Lock(name, timeout, blocking=wait, blocking_timeout=blocking_timeout,
                         auto_renew=True)
+            if not (yield from held._acquiring(None, None)):
+                return None
+            try:
+                result = yield body
+            except BaseException:
+                yield from held._leaving(True)
+                raise
+            try:
+                yield from held._leaving(False)
+            except LeaseLost as exc:
+                raise _lease_lost(what, exc, result) from None
+            return result
 
         if iscoroutinefunction(func):
             async_func = cast(Callable[P, Awaitable[Any]], func)
 
             @functools.wraps(func)
             async def run_async(*args: P.args, **kwargs: P.kwargs) -> Any:
-                held = lock()
-                if not await held.aacquire():
-                    return None
-                try:
-                    result = await async_func(*args, **kwargs)
-                except BaseException as exc:
-                    await held.__aexit__(type(exc), exc, exc.__traceback__)
-                    raise
-                try:
-                    await held.__aexit__(None, None, None)
-                except LeaseLost as exc:
-                    raise _lease_lost(what, exc, result) from None
-                return result
+                return await arun(running(Invoke(functools.partial(async_func, *args, **kwargs))))
 
             return cast(Callable[P, R | None], run_async)
 
         @functools.wraps(func)
-        def run(*args: P.args, **kwargs: P.kwargs) -> R | None:
-            held = lock()
-            if not held.acquire():
-                return None
-            try:
-                result = func(*args, **kwargs)
-            except BaseException as exc:
-                held.__exit__(type(exc), exc, exc.__traceback__)
-                raise
-            try:
-                held.__exit__(None, None, None)
-            except LeaseLost as exc:
-                raise _lease_lost(what, exc, result) from None
-            return result
+        def run_sync(*args: P.args, **kwargs: P.kwargs) -> R | None:
+            return cast(R | None, run(running(Invoke(functools.partial(func, *args, **kwargs)))))
 
-        return run
+        return run_sync
 
     return decorate
 
@@ -214,73 +196,62 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
     def in_progress(once: _Once) -> RunInProgress:
         return RunInProgress(f"run_once {once.keys.base}: another call is running it")
 
+    def running(once: _Once, body: Invoke) -> Protocol[Any]:
+        def attempt() -> Protocol[float | None]:
+            reply = yield Call(begin, begin.command([once.keys.base], once.args()))
+            return once.read(reply)
+
+        try:
+            ready = (yield from attempt()) is None or (wait and (
+                yield from until(once.keys.channel, attempt, limit)))
+        except BaseException as exc:
+            # The run may have become ours by a call whose reply never came: give it back.
+            yield from undone(exc, giving_up(once), f"redislua-once:{once.keys.base}")
+            raise
+        if not ready:
+            raise in_progress(once)
+        if once.done:
+            return once.result
+        renewer = yield from start_renewing(once.lease(), lease_ms / 1000, once.lost,
+                                            once.keys.base)
+        try:
+            result = yield body
+        except BaseException:
+            # Also on cancellation: give the key back, so a later call runs it again.
+            yield from stop_renewing(renewer)
+            reply = yield Call(finish, finish.command([once.keys.base],
+                                                      once.finish_args("failed", None, ttl_ms)))
+            once.finished(reply, "failed", None)
+            raise
+        yield from stop_renewing(renewer)
+        reply = yield Call(finish, finish.command([once.keys.base],
+                                                  once.finish_args("done", result, ttl_ms)))
+        once.finished(reply, "done", result)
+        return result
+
+    def giving_up(once: _Once) -> Protocol[None]:
+        """The run given back by its token (a second time changes nothing)."""
+        yield from retried(lambda: performed(Call(finish, finish.command(
+            [once.keys.base], once.finish_args("failed", None, ttl_ms)))),
+            time.monotonic() + lease_ms / 1000)
+
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         if iscoroutinefunction(func):
             async_func = cast(Callable[P, Awaitable[Any]], func)
 
             @functools.wraps(func)
             async def run_async(*args: P.args, **kwargs: P.kwargs) -> Any:
-                once = once_for(*args, **kwargs)
-
-                async def attempt() -> float | None:
-                    return once.read(await begin.acall(keys=[once.keys.base], args=once.args()))
-
-                await async_client_ready()
-                if await attempt() is not None and (
-                    not wait or not await await_until(once.keys.channel, attempt, limit)
-                ):
-                    raise in_progress(once)
-                if once.done:
-                    return once.result
-                renewer = AsyncRenewer(once.lease(), lease_ms / 1000, once.lost)
-                try:
-                    result = await async_func(*args, **kwargs)
-                except BaseException:
-                    # Also on cancellation: give the key back, in the background if need be.
-                    async def give_back() -> None:
-                        await renewer.stop()
-                        reply = await finish.acall(keys=[once.keys.base],
-                                                   args=once.finish_args("failed", None, ttl_ms))
-                        once.finished(reply, "failed", None)
-
-                    keep_running(asyncio.get_running_loop().create_task(give_back()))
-                    raise
-                await renewer.stop()
-                reply = await finish.acall(keys=[once.keys.base],
-                                           args=once.finish_args("done", result, ttl_ms))
-                once.finished(reply, "done", result)
-                return result
+                body = Invoke(functools.partial(async_func, *args, **kwargs))
+                return await arun(running(once_for(*args, **kwargs), body))
 
             return cast(Callable[P, R], run_async)
 
         @functools.wraps(func)
-        def run(*args: P.args, **kwargs: P.kwargs) -> R:
-            once = once_for(*args, **kwargs)
+        def run_sync(*args: P.args, **kwargs: P.kwargs) -> R:
+            body = Invoke(functools.partial(func, *args, **kwargs))
+            return cast(R, run(running(once_for(*args, **kwargs), body)))
 
-            def attempt() -> float | None:
-                return once.read(begin(keys=[once.keys.base], args=once.args()))
-
-            if attempt() is not None and (
-                not wait or not wait_until(once.keys.channel, attempt, limit)
-            ):
-                raise in_progress(once)
-            if once.done:
-                return cast(R, once.result)
-            renewer = Renewer(once.lease(), lease_ms / 1000, once.lost, once.keys.base)
-            try:
-                result = func(*args, **kwargs)
-            except BaseException:
-                renewer.stop()
-                once.finished(finish(keys=[once.keys.base],
-                                     args=once.finish_args("failed", None, ttl_ms)),
-                              "failed", None)
-                raise
-            renewer.stop()
-            once.finished(finish(keys=[once.keys.base],
-                                 args=once.finish_args("done", result, ttl_ms)), "done", result)
-            return result
-
-        return run
+        return run_sync
 
     return decorate
 
@@ -370,68 +341,58 @@ def single_flight(cache_key: str, build: Callable[[], R], ttl: float | str = 300
     return fly(Flight(keys_for("flight", cache_key), lock_timeout), build, ttl, stale_ttl)
 
 
-async def asingle_flight(cache_key: str, build: Callable[[], Awaitable[R]],
-                         ttl: float | str = 300, lock_timeout: float | str = 10,
-                         stale_ttl: float | str = 0) -> R:
+def asingle_flight(cache_key: str, build: Callable[[], Awaitable[R]],
+                   ttl: float | str = 300, lock_timeout: float | str = 10,
+                   stale_ttl: float | str = 0) -> Awaitable[R]:
     """The asyncio twin of :func:`single_flight`, for an async ``build``."""
-    return await afly(Flight(keys_for("flight", cache_key), lock_timeout), build, ttl, stale_ttl)
+    return afly(Flight(keys_for("flight", cache_key), lock_timeout), build, ttl, stale_ttl)
 
 
 def fly(flight: Flight, build: Callable[[], R], ttl: float | str,
         stale_ttl: float | str) -> R:
     """Run one single flight (see :func:`single_flight`)."""
-    begin = get_script("django_redislua.flight_begin")
-
-    def attempt() -> float | None:
-        keys, args = flight.begin_call()
-        return flight.read(begin(keys=keys, args=args))
-
-    if attempt() is not None:
-        wait_until(flight.keys.channel, attempt, None)
-    if not flight.must_build:
-        return cast(R, flight.value)
-    finish = get_script("django_redislua.flight_finish")
-    renewer = Renewer(flight.lease(), flight.lease_seconds, flight.lost, flight.keys.base)
-    try:
-        value = build()
-    except BaseException:
-        renewer.stop()
-        done_keys, done_args = flight.finish_call("failed", None, ttl, stale_ttl)
-        flight.finished(finish(keys=done_keys, args=done_args), "failed")
-        raise
-    renewer.stop()
-    done_keys, done_args = flight.finish_call("store", value, ttl, stale_ttl)
-    flight.finished(finish(keys=done_keys, args=done_args), "store")
-    return value
+    return cast(R, run(flying(flight, Invoke(build), ttl, stale_ttl)))
 
 
-async def afly(flight: Flight, build: Callable[[], Awaitable[R]], ttl: float | str,
-               stale_ttl: float | str) -> R:
+def afly(flight: Flight, build: Callable[[], Awaitable[R]], ttl: float | str,
+         stale_ttl: float | str) -> Awaitable[R]:
     """The asyncio twin of :func:`fly`."""
+    return arun(flying(flight, Invoke(build), ttl, stale_ttl))
+
+
+def flying(flight: Flight, build: Invoke, ttl: float | str, stale_ttl: float | str
+           ) -> Protocol[Any]:
+    """One single flight: read the value, or wait for its build, or build it."""
     begin = get_script("django_redislua.flight_begin")
-
-    async def attempt() -> float | None:
-        keys, args = flight.begin_call()
-        return flight.read(await begin.acall(keys=keys, args=args))
-
-    await async_client_ready()
-    if await attempt() is not None:
-        await await_until(flight.keys.channel, attempt, None)
-    if not flight.must_build:
-        return cast(R, flight.value)
     finish = get_script("django_redislua.flight_finish")
-    renewer = AsyncRenewer(flight.lease(), flight.lease_seconds, flight.lost)
-    try:
-        value = await build()
-    except BaseException:
-        async def give_back() -> None:
-            await renewer.stop()
-            done_keys, done_args = flight.finish_call("failed", None, ttl, stale_ttl)
-            flight.finished(await finish.acall(keys=done_keys, args=done_args), "failed")
 
-        keep_running(asyncio.get_running_loop().create_task(give_back()))
+    def attempt() -> Protocol[float | None]:
+        keys, args = flight.begin_call()
+        return flight.read((yield Call(begin, begin.command(keys, args))))
+
+    def ending(outcome: str, value: Any) -> Protocol[Any]:
+        keys, args = flight.finish_call(outcome, value, ttl, stale_ttl)
+        return (yield Call(finish, finish.command(keys, args)))
+
+    try:
+        if (yield from attempt()) is not None:
+            yield from until(flight.keys.channel, attempt, None)
+    except BaseException as exc:
+        # The build lease may be ours by a call whose reply never came: give it back.
+        giving_up = retried(lambda: ending("failed", None),
+                            time.monotonic() + flight.lease_seconds)
+        yield from undone(exc, giving_up, f"redislua-flight:{flight.keys.base}")
         raise
-    await renewer.stop()
-    done_keys, done_args = flight.finish_call("store", value, ttl, stale_ttl)
-    flight.finished(await finish.acall(keys=done_keys, args=done_args), "store")
+    if not flight.must_build:
+        return flight.value
+    renewer = yield from start_renewing(flight.lease(), flight.lease_seconds, flight.lost,
+                                        flight.keys.base)
+    try:
+        value = yield build
+    except BaseException:
+        yield from stop_renewing(renewer)
+        flight.finished((yield from ending("failed", None)), "failed")
+        raise
+    yield from stop_renewing(renewer)
+    flight.finished((yield from ending("store", value)), "store")
     return value

@@ -12,22 +12,24 @@ after the claim window (``LOCK_CLAIM_WINDOW``, 1 s), and ``granted <wait> <token
 is published. The heir confirms with one more call (its lease starts then); a heir that died, is
 stopped or left never confirms, and when the window runs out the other waiters, woken by their
 timers, retry and the first one back takes the lock. A grant belongs to one wait, never to the
-Lock object, so no other acquire can use it. Every way out of a wait (timeout, exception,
-cancellation, KeyboardInterrupt) withdraws it.
+Lock object, so no other acquire can use it.
 
-The protocol of one wait (what each call sends and each reply or message means) is written once,
-in ``_Wait``; ``acquire`` and ``aacquire`` only drive it, so sync and asyncio cannot drift.
+Every step (acquire, wait, confirm, re-entry, withdraw, release, extend, renew) is a protocol
+(:mod:`django_redislua.protocol`) written once; ``acquire`` and ``aacquire`` (and every other
+pair) hand the same protocol to the sync or the asyncio driver. Every way out of a wait that
+did not end with the lock in the caller's hands (a timeout, an exception, a cancellation,
+KeyboardInterrupt, a reply that never arrived) withdraws it by its wait id: its queue entry,
+a claim or the lock it took, a re-entry it made. That withdrawal may be sent again safely, so it
+is retried until it lands (in the background after a Redis failure: the caller's wait must not
+overrun its timeout by another socket timeout).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import logging
 import math
 import secrets
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -37,54 +39,39 @@ from asgiref.sync import iscoroutinefunction
 
 from django_redislua import metrics
 from django_redislua.conf import settings
+from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import keys_for
-from django_redislua.locks.lease import AsyncRenewer, Lease, Renewer, milliseconds
-from django_redislua.locks.waiting import LONGEST_SLEEP, await_until, wait_until
+from django_redislua.locks.lease import (
+    Lease,
+    milliseconds,
+    start_renewing,
+    stop_renewing,
+)
+from django_redislua.locks.waiting import LONGEST_SLEEP, until
+from django_redislua.protocol import (
+    Call,
+    Execute,
+    Invoke,
+    Protocol,
+    call_replicated,
+    interrupted,
+    performed,
+    retried,
+    undone,
+)
 from django_redislua.scripts import get_script
+from django_redislua.transport import arun, run
 
 logger = logging.getLogger("django_redislua.locks")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
-# Tasks that must finish even though the coroutine that started them was cancelled (a release
-# after cancellation). Kept here so the event loop does not garbage-collect them mid-flight.
-_background: set[asyncio.Task[Any]] = set()
-
-
-def keep_running(task: asyncio.Task[Any]) -> None:
-    """Hold ``task`` until it ends, and consume its outcome (nobody awaits it any more).
-
-    A task started while its loop shuts down (a wait cancelled by ``asyncio.run``'s clean-up)
-    may never run: once that loop is closed it is dropped here, not held for the process's
-    life (with its loop, its lock and its coroutine)."""
-    for held in list(_background):  # a snapshot: other threads' loops add and discard too
-        if held.get_loop().is_closed():
-            _background.discard(held)
-    _background.add(task)
-
-    def done(finished: asyncio.Task[Any]) -> None:
-        _background.discard(finished)
-        if not finished.cancelled():
-            finished.exception()
-
-    task.add_done_callback(done)
-
-
-async def release_shielded(release: Awaitable[None], body_raised: bool) -> None:
-    """Leave ``async with``: a cancellation arriving now must not leave the lock (or permit) held,
-    so the release is shielded and, if cancelled, finishes in the background. LockNotOwned is
-    raised only when the body itself succeeded (its end ran unprotected: the caller must know)."""
-    task = asyncio.ensure_future(release)
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        keep_running(task)
-        raise
-    except LockNotOwned:
-        if not body_raised:
-            raise
+ACQUIRE = "django_redislua.lock_acquire"
+WITHDRAW = "django_redislua.lock_withdraw"
+RELEASE = "django_redislua.lock_release"
 
 
 class LockError(Exception):
@@ -115,75 +102,13 @@ class LockUnavailable(LockError):
     never a bare redis-py error. The lock's state is unknown; the lease ends by itself."""
 
 
-async def async_client_ready() -> None:
-    """The running loop's client, discovered (see ``connection.discovered``): every asyncio
-    entry point of the locks starts with it, pub/sub waits included."""
-    from django_redislua.connection import discovered, get_async_client
-
-    await discovered(get_async_client())
-
-
-def redis_failures_as_lock_errors(method: Callable[P, R]) -> Callable[P, R]:
-    """Turn every client failure family (``connection.CLIENT_ERRORS``) of ``method`` (sync or
-    ``async def``) into :class:`LockUnavailable`. An ``async def`` method first makes the
-    loop's client ready (:func:`async_client_ready`)."""
-    from django_redislua.connection import CLIENT_ERRORS
-
-    if iscoroutinefunction(method):
-        @functools.wraps(method)
-        async def async_translated(*args: P.args, **kwargs: P.kwargs) -> Any:
-            try:
-                await async_client_ready()
-                return await method(*args, **kwargs)
-            except CLIENT_ERRORS as exc:
-                raise LockUnavailable(f"Redis failed while locking: {exc}") from exc
-
-        return cast(Callable[P, R], async_translated)
-
-    @functools.wraps(method)
-    def translated(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return method(*args, **kwargs)
-        except CLIENT_ERRORS as exc:
-            raise LockUnavailable(f"Redis failed while locking: {exc}") from exc
-
-    return translated
-
-
-def metered_acquire(method: Callable[P, R]) -> Callable[P, R]:
-    """Count an acquire (sync or ``async def``) by outcome, and time it: acquired, timeout
-    (not acquired: the wait ran out, or a non-blocking try found it held) or unavailable
-    (:class:`LockUnavailable`). See :mod:`django_redislua.metrics`."""
-    def outcome(held: object, started: float) -> None:
-        result = metrics.ACQUIRED if held else metrics.TIMEOUT
-        metrics.lock_acquired(result, time.monotonic() - started)
-
-    if iscoroutinefunction(method):
-        @functools.wraps(method)
-        async def async_metered(*args: P.args, **kwargs: P.kwargs) -> Any:
-            started = time.monotonic()
-            try:
-                held = await method(*args, **kwargs)
-            except LockUnavailable:
-                metrics.lock_acquired(metrics.UNAVAILABLE, None)
-                raise
-            outcome(held, started)
-            return held
-
-        return cast(Callable[P, R], async_metered)
-
-    @functools.wraps(method)
-    def metered(*args: P.args, **kwargs: P.kwargs) -> R:
-        started = time.monotonic()
-        try:
-            held = method(*args, **kwargs)
-        except LockUnavailable:
-            metrics.lock_acquired(metrics.UNAVAILABLE, None)
-            raise
-        outcome(held, started)
-        return held
-
-    return metered
+def lock_errors(protocol: Protocol[T]) -> Protocol[T]:
+    """``protocol``, every client failure family (``connection.CLIENT_ERRORS``) raised as
+    :class:`LockUnavailable`."""
+    try:
+        return (yield from protocol)
+    except CLIENT_ERRORS as exc:
+        raise LockUnavailable(f"Redis failed while locking: {exc}") from exc
 
 
 def parse_wait(value: float | str | None) -> float | None:
@@ -199,15 +124,14 @@ Reply = list[Any]
 
 
 class _Wait:
-    """One acquire call of one Lock: its id, its deadline, and the protocol of its script calls
-    and wake-up messages, without I/O (the sync and asyncio drivers below share it)."""
+    """One acquire call of one Lock: its id, its deadline, and what its script calls send and
+    their replies and wake-up messages mean."""
 
     def __init__(self, lock: Lock, limit: float | None) -> None:
         self.lock = lock
         self.id = secrets.token_hex(8)
         self.deadline = None if limit is None else time.monotonic() + limit
         self.sent_at = 0.0
-        self.inflight: asyncio.Future[Any] | None = None  # asyncio: the script call under way
         self.acked = 0  # replicas that confirmed the last call (with Lock(replicas=N))
         self.unreplicated = False  # acquired, but fewer replicas confirmed than asked for
 
@@ -231,7 +155,7 @@ class _Wait:
         hands on its own (a lease or a claim running out; math.inf: only a message will tell)."""
         acquired, value, count = (int(x) for x in reply)
         if acquired:
-            self.lock._held(value, count, self.sent_at)
+            self.lock._held(value, count, self.sent_at, self.id)
             self.unreplicated = count == 1 and self.acked < self.lock.replicas
             return None
         return math.inf if value == -1 else max(value, 0) / 1000
@@ -286,9 +210,10 @@ class Lock:
                        self.keys.sub("stale")]
         self._lease_ms = milliseconds(self.timeout)
         self._lease = Lease(self.keys.base, self.owner, 0.0, 0.0)
-        self._depth = 0  # re-entries held, as last reported by Redis
+        self._depth = 0  # holds (first acquisition and re-entries), as last reported by Redis
+        self._reentries: list[str] = []  # wait ids of the re-entries held, latest last
         self._lost = False
-        self._renewer: Renewer | AsyncRenewer | None = None
+        self._renewer: object | None = None
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r} timeout={self.timeout}s token={self.token}>"
@@ -307,24 +232,29 @@ class Lock:
         new acquisition."""
         return self._lost or (self._depth > 0 and self._lease.expired)
 
-    # -- state shared by both drivers ----------------------------------------------------------
+    # -- what the replies mean ------------------------------------------------------------------
 
     @staticmethod
     def _window_ms() -> int:
         return milliseconds(settings.LOCK_CLAIM_WINDOW)
 
-    def _held(self, token: int, depth: int, sent_at: float) -> None:
-        self.token, self._depth, self._lost = token, depth, False
+    def _held(self, token: int, depth: int, sent_at: float, wait_id: str) -> None:
+        self.token, self._lost = token, False
+        if depth == 1:
+            self._reentries = []
+        elif depth > self._depth:
+            self._reentries.append(wait_id)
+        self._depth = depth
         self._lease.deadline = sent_at + self.timeout
 
-    def _release_call(self, mode: str, token: int | None = None
+    def _release_call(self, mode: str, token: int | None = None, hold: str = ""
                       ) -> tuple[list[str], list[str | int]]:
         return self._keys4, [self.owner, mode, self.keys.channel, self.name, self._window_ms(),
-                             "" if token is None else token]
+                             "" if token is None else token, hold]
 
     def _released(self, left: int, unconfirmed: bool = False) -> None:
         """Record a release's reply; raises when the lock was not ours any more, unless the
-        release undid an ``unconfirmed`` acquisition (see :meth:`_give_back_unconfirmed`)."""
+        release undid an ``unconfirmed`` acquisition (see :meth:`_acquiring`)."""
         if left >= 0:
             self._depth = left
             return
@@ -352,17 +282,6 @@ class Lock:
         if self.on_lost is not None:
             self.on_lost(self)
 
-    # -- sync ----------------------------------------------------------------------------------
-
-    def _call(self, wait: _Wait, name: str, keys: list[str], args: list[str | int]) -> Reply:
-        """One script call of ``wait``; with ``replicas``, followed by WAIT on its connection."""
-        script = get_script(name)
-        if not self.replicas:
-            reply: Reply = script(keys=keys, args=args)
-            return reply
-        reply, wait.acked = script.call_replicated(keys, args, self.replicas, self._replica_ms())
-        return reply
-
     def _replica_ms(self) -> int:
         """WAIT's timeout: ``replica_timeout``, kept below the socket timeout (WAIT blocks the
         connection, and a read that times out would lose the script's reply)."""
@@ -376,260 +295,201 @@ class Lock:
             f"lock {self.name!r} was acquired, but fewer than {self.replicas} replica(s) "
             f"confirmed it within {self.replica_timeout}s; it was released again")
 
-    def _withdraw(self, wait: _Wait, mode: str) -> bool:
+    # -- the protocols ---------------------------------------------------------------------------
+
+    def _call(self, wait: _Wait, name: str, keys: list[str], args: list[str | int]
+              ) -> Protocol[Reply]:
+        """One script call of ``wait``; with ``replicas``, followed by WAIT on its connection."""
+        script = get_script(name)
+        if not self.replicas:
+            reply: Reply = yield Call(script, script.command(keys, args))
+            return reply
+        reply, wait.acked = yield from call_replicated(
+            script, script.command(keys, args), self.replicas, self._replica_ms())
+        return reply
+
+    def _attempt(self, wait: _Wait, queued: bool) -> Protocol[float | None]:
+        keys, args = wait.attempt(queued)
+        return wait.took((yield from self._call(wait, ACQUIRE, keys, args)))
+
+    def _withdrawing(self, wait: _Wait, mode: str) -> Protocol[bool]:
+        """Leave the queue ("take": a hand-off made to this wait is taken; "give": whatever the
+        wait holds is given back); True when the wait ends holding the lock."""
         keys, args = wait.withdraw(mode)
-        return wait.took(self._call(wait, "django_redislua.lock_withdraw", keys, args)) is None
+        return wait.took((yield from self._call(wait, WITHDRAW, keys, args))) is None
 
-    def _withdraw_quietly(self, wait: _Wait, failure: BaseException) -> None:
-        """After an interrupted acquire: give back whatever this wait may hold (best effort;
-        if Redis is unreachable the claim or lease runs out by itself). After a Redis failure
-        the withdrawal runs on a daemon thread: the caller's wait must not overrun its timeout
-        by a second socket timeout."""
-        from django_redislua.connection import CLIENT_ERRORS
+    def _giving_back(self, wait: _Wait) -> Protocol[None]:
+        """The undo of an interrupted acquire: everything ``wait`` may hold, given back by its
+        wait id; sent again until it lands or the lease it could hold has run out."""
+        yield from retried(lambda: self._withdrawing(wait, "give"),
+                           time.monotonic() + self.timeout + settings.LOCK_CLAIM_WINDOW)
 
-        def withdraw() -> None:
-            with contextlib.suppress(*CLIENT_ERRORS):
-                self._withdraw(wait, "give")
+    def _acquiring(self, blocking: bool | None, blocking_timeout: float | str | None
+                   ) -> Protocol[bool]:
+        """Take the lock, counted by outcome in the metrics: acquired, timeout (the wait ran
+        out, or a non-blocking try found it held) or unavailable (:class:`LockUnavailable`)."""
+        started = time.monotonic()
+        try:
+            held = yield from lock_errors(self._acquire(blocking, blocking_timeout))
+        except LockUnavailable:
+            metrics.lock_acquired(metrics.UNAVAILABLE, None)
+            raise
+        metrics.lock_acquired(metrics.ACQUIRED if held else metrics.TIMEOUT,
+                              time.monotonic() - started)
+        return held
 
-        if isinstance(failure, CLIENT_ERRORS):
-            threading.Thread(target=withdraw, name=f"redislua-withdraw:{self.name}",
-                             daemon=True).start()
-        else:
-            withdraw()
+    def _acquire(self, blocking: bool | None, blocking_timeout: float | str | None
+                 ) -> Protocol[bool]:
+        blocking = self.blocking if blocking is None else blocking
+        limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
+        wait = _Wait(self, limit)
+        try:
+            held = (yield from self._attempt(wait, False)) is None or (blocking and (
+                (yield from until(self.keys.channel, lambda: self._attempt(wait, True), limit,
+                                  wait.on_message))
+                or (yield from self._withdrawing(wait, "take"))))
+        except BaseException as exc:
+            yield from undone(exc, self._giving_back(wait), f"redislua-withdraw:{self.name}")
+            raise
+        if not held:
+            return False
+        if wait.unreplicated:
+            yield from self._releasing(unconfirmed=True)
+            raise self._unreplicated()
+        if self.auto_renew and self._depth == 1 and self._renewer is None:
+            self._renewer = yield from start_renewing(self._lease, self.timeout,
+                                                      self._renewal_lost, self.name)
+        return True
 
-    def _release_failed(self) -> None:
-        """A release whose outcome is unknown (Redis failed): if it was the last hold, stop
-        renewing, so the lease ends by itself instead of living as long as the process."""
-        if not self.reentrant or self._depth <= 1:
-            self._depth = 0
+    def _releasing(self, unconfirmed: bool = False) -> Protocol[None]:
+        """Give back one hold (the last re-entry held, or the lock). Finding the lock no longer
+        ours raises, unless this undoes an ``unconfirmed`` acquisition (fewer replicas confirmed
+        it than asked): then the caller never had it, and nothing was lost. Interrupted (a
+        cancellation) before the reply came, the same release is sent again: by owner, token
+        and hold, a second one changes nothing."""
+        hold = self._reentries.pop() if self.reentrant and self._reentries else ""
+        keys, args = self._release_call("one" if self.reentrant else "all", self.token, hold)
+        script = get_script(RELEASE)
+        try:
+            try:
+                left = int((yield Call(script, script.command(keys, args))))
+            except BaseException as exc:
+                if not interrupted(exc):
+                    raise
+                again = yield from retried(
+                    lambda: performed(Call(script, script.command(keys, args))),
+                    time.monotonic() + self.timeout)
+                self._depth = max(int(again), 0) if again is not None else 0
+                raise
+            self._released(left, unconfirmed)
+        except CLIENT_ERRORS:
+            # The outcome is unknown: if it was the last hold, stop renewing, so the lease ends
+            # by itself instead of living as long as the process.
+            if not self.reentrant or self._depth <= 1:
+                self._depth = 0
+            raise
+        finally:
+            if self._depth == 0:
+                renewer, self._renewer = self._renewer, None
+                if renewer is not None:
+                    yield from stop_renewing(renewer)
 
-    @metered_acquire
-    @redis_failures_as_lock_errors
+    def _extending(self, additional_time: float | str, replace_ttl: bool) -> Protocol[None]:
+        if not (yield from self._lease.extending(parse_duration(additional_time),
+                                                 replace=replace_ttl)):
+            raise self._not_owned("extend", self._depth > 0)
+
+    def _locked(self) -> Protocol[bool]:
+        return bool((yield Execute(("EXISTS", self.keys.base))))
+
+    def _owned(self) -> Protocol[bool]:
+        owner, claim = yield Execute(("HMGET", self.keys.base, "owner", "claim"))
+        return owner is not None and claim is None and _text(owner) == self.owner
+
+    def _leaving(self, body_failed: bool) -> Protocol[None]:
+        """Leave ``with``: release; LockNotOwned only when the body itself succeeded (its end
+        ran unprotected: the caller must know)."""
+        try:
+            yield from lock_errors(self._releasing())
+        except LockNotOwned:
+            if not body_failed:
+                raise
+
+    def _entering(self) -> Protocol[Lock]:
+        if not (yield from self._acquiring(None, None)):
+            raise LockNotAcquired(f"lock {self.name!r} not acquired within "
+                                  f"{self.blocking_timeout}s")
+        return self
+
+    def _holding(self, body: Invoke) -> Protocol[Any]:
+        """Run ``body`` holding the lock (``with`` as one protocol, for the decorator)."""
+        yield from self._entering()
+        try:
+            result = yield body
+        except BaseException:
+            yield from self._leaving(True)
+            raise
+        yield from self._leaving(False)
+        return result
+
+    # -- sync and asyncio: each a line that hands the protocol to a driver ------------------------
+
     def acquire(self, blocking: bool | None = None,
                 blocking_timeout: float | str | None = None) -> bool:
         """Take the lock; True when held. Waits (woken on release) unless non-blocking."""
-        blocking = self.blocking if blocking is None else blocking
-        limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
-        wait = _Wait(self, limit)
+        return run(self._acquiring(blocking, blocking_timeout))
 
-        def attempt(queued: bool) -> float | None:
-            keys, args = wait.attempt(queued)
-            return wait.took(self._call(wait, "django_redislua.lock_acquire", keys, args))
+    def aacquire(self, blocking: bool | None = None,
+                 blocking_timeout: float | str | None = None) -> Awaitable[bool]:
+        """The asyncio twin of :meth:`acquire`. Cancelled at any point, it leaves nothing held
+        and nobody queued."""
+        return arun(self._acquiring(blocking, blocking_timeout))
 
-        try:
-            if attempt(False) is not None and not (
-                blocking and (wait_until(self.keys.channel, lambda: attempt(True), limit,
-                                         wait.on_message)
-                              or self._withdraw(wait, "take"))
-            ):
-                return False
-        except BaseException as exc:
-            self._withdraw_quietly(wait, exc)
-            raise
-        if wait.unreplicated:
-            self._give_back_unconfirmed()
-            raise self._unreplicated()
-        if self.auto_renew and self._depth == 1 and self._renewer is None:
-            self._renewer = Renewer(self._lease, self.timeout, self._renewal_lost, self.name)
-        return True
-
-    def _stop_renewing(self) -> None:
-        renewer, self._renewer = self._renewer, None
-        if isinstance(renewer, Renewer):
-            renewer.stop()
-
-    def _give_back_unconfirmed(self) -> None:
-        """Undo an acquisition fewer than ``replicas`` replicas confirmed. Finding the lock no
-        longer ours (its lease ran out during WAIT, or after a failover the undo reached
-        another primary) is what the undo wanted: the caller never had the lock, so nothing
-        was lost (no LeaseLost, no lost-lease count)."""
-        self._release(unconfirmed=True)
-
-    @redis_failures_as_lock_errors
     def release(self) -> None:
         """Release one hold (the last re-entry frees it and offers it to the next waiter);
         owner-checked: LockNotOwned (LeaseLost if this object held it) when not ours."""
-        self._release()
+        run(lock_errors(self._releasing()))
 
-    def _release(self, unconfirmed: bool = False) -> None:
-        from django_redislua.connection import CLIENT_ERRORS
+    def arelease(self) -> Awaitable[None]:
+        """The asyncio twin of :meth:`release`."""
+        return arun(lock_errors(self._releasing()))
 
-        keys, args = self._release_call("one" if self.reentrant else "all")
-        try:
-            self._released(int(get_script("django_redislua.lock_release")(keys=keys, args=args)),
-                           unconfirmed)
-        except CLIENT_ERRORS:
-            self._release_failed()
-            raise
-        finally:
-            if self._depth == 0:
-                self._stop_renewing()
-
-    @redis_failures_as_lock_errors
     def extend(self, additional_time: float | str, replace_ttl: bool = False) -> None:
         """Add ``additional_time`` to the lease (or make it the lease); owner-checked."""
-        if not self._lease.extend(parse_duration(additional_time), replace=replace_ttl):
-            raise self._not_owned("extend", self._depth > 0)
+        run(lock_errors(self._extending(additional_time, replace_ttl)))
 
-    @redis_failures_as_lock_errors
+    def aextend(self, additional_time: float | str, replace_ttl: bool = False
+                ) -> Awaitable[None]:
+        """The asyncio twin of :meth:`extend`."""
+        return arun(lock_errors(self._extending(additional_time, replace_ttl)))
+
     def locked(self) -> bool:
         """Whether anyone holds the lock now (an unconfirmed hand-off counts)."""
-        from django_redislua.connection import get_client
+        return run(lock_errors(self._locked()))
 
-        return bool(get_client().exists(self.keys.base))
+    def alocked(self) -> Awaitable[bool]:
+        return arun(lock_errors(self._locked()))
 
-    @redis_failures_as_lock_errors
     def owned(self) -> bool:
         """Whether this Lock object's owner holds the lock now."""
-        from django_redislua.connection import get_client
+        return run(lock_errors(self._owned()))
 
-        owner, claim = get_client().hmget(self.keys.base, ["owner", "claim"])
-        return owner is not None and claim is None and _text(owner) == self.owner
+    def aowned(self) -> Awaitable[bool]:
+        return arun(lock_errors(self._owned()))
 
     def __enter__(self) -> Lock:
-        if not self.acquire():
-            raise LockNotAcquired(f"lock {self.name!r} not acquired within "
-                                  f"{self.blocking_timeout}s")
-        return self
+        return run(self._entering())
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        try:
-            self.release()
-        except LockNotOwned:
-            if exc is None:
-                raise  # the body ran without the lock's protection at its end: say so
+        run(self._leaving(exc is not None))
 
-    # -- asyncio -------------------------------------------------------------------------------
+    def __aenter__(self) -> Awaitable[Lock]:
+        return arun(self._entering())
 
-    async def _acall(self, wait: _Wait, name: str, keys: list[str],
-                     args: list[str | int]) -> Reply:
-        """One script call of ``wait``, shielded: a cancellation leaves it running, so the
-        clean-up (``_aundo``) can read what it did."""
-        script = get_script(name)
-
-        async def call() -> Reply:
-            if not self.replicas:
-                reply: Reply = await script.acall(keys=keys, args=args)
-                return reply
-            reply, wait.acked = await script.acall_replicated(keys, args, self.replicas,
-                                                              self._replica_ms())
-            return reply
-
-        wait.inflight = asyncio.ensure_future(call())
-        reply: Reply = await asyncio.shield(wait.inflight)
-        return reply
-
-    async def _aundo(self, wait: _Wait) -> None:
-        """Clean up after an interrupted ``aacquire``: let its last call finish, give back a
-        re-entry it made (by token, so a later acquisition is never hit), then withdraw the
-        wait, which frees a lock or claim the wait itself took."""
-        reply: Reply | None = None
-        if wait.inflight is not None:
-            try:
-                reply = await wait.inflight
-            except Exception:
-                reply = None
-        if reply is not None and int(reply[0]) == 1 and int(reply[2]) > 1:
-            keys, args = self._release_call("one", int(reply[1]))
-            await get_script("django_redislua.lock_release").acall(keys=keys, args=args)
-        keys, args = wait.withdraw("give")
-        await get_script("django_redislua.lock_withdraw").acall(keys=keys, args=args)
-
-    @metered_acquire
-    @redis_failures_as_lock_errors
-    async def aacquire(self, blocking: bool | None = None,
-                       blocking_timeout: float | str | None = None) -> bool:
-        """The asyncio twin of :meth:`acquire`. Cancelled at any point, it leaves nothing held
-        and nobody queued (the clean-up finishes in the background)."""
-        blocking = self.blocking if blocking is None else blocking
-        limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
-        wait = _Wait(self, limit)
-
-        async def attempt(queued: bool) -> float | None:
-            keys, args = wait.attempt(queued)
-            return wait.took(await self._acall(wait, "django_redislua.lock_acquire", keys, args))
-
-        async def withdraw() -> bool:
-            keys, args = wait.withdraw("take")
-            reply = await self._acall(wait, "django_redislua.lock_withdraw", keys, args)
-            return wait.took(reply) is None
-
-        try:
-            if await attempt(False) is not None and not (
-                blocking and (await await_until(self.keys.channel, lambda: attempt(True), limit,
-                                                wait.on_message)
-                              or await withdraw())
-            ):
-                return False
-        except BaseException:
-            keep_running(asyncio.get_running_loop().create_task(self._aundo(wait)))
-            raise
-        if wait.unreplicated:
-            await self._agive_back_unconfirmed()
-            raise self._unreplicated()
-        if self.auto_renew and self._depth == 1 and self._renewer is None:
-            self._renewer = AsyncRenewer(self._lease, self.timeout, self._renewal_lost)
-        return True
-
-    async def _astop_renewing(self) -> None:
-        renewer, self._renewer = self._renewer, None
-        if isinstance(renewer, AsyncRenewer):
-            await renewer.stop()
-        elif isinstance(renewer, Renewer):
-            renewer.stop()
-
-    async def _agive_back_unconfirmed(self) -> None:
-        """The asyncio twin of :meth:`_give_back_unconfirmed`."""
-        await self._arelease(unconfirmed=True)
-
-    @redis_failures_as_lock_errors
-    async def arelease(self) -> None:
-        """The asyncio twin of :meth:`release`."""
-        await self._arelease()
-
-    async def _arelease(self, unconfirmed: bool = False) -> None:
-        from django_redislua.connection import CLIENT_ERRORS
-
-        keys, args = self._release_call("one" if self.reentrant else "all")
-        try:
-            self._released(int(await get_script("django_redislua.lock_release").acall(
-                keys=keys, args=args)), unconfirmed)
-        except CLIENT_ERRORS:
-            self._release_failed()
-            raise
-        finally:
-            if self._depth == 0:
-                await self._astop_renewing()
-
-    @redis_failures_as_lock_errors
-    async def aextend(self, additional_time: float | str, replace_ttl: bool = False) -> None:
-        """The asyncio twin of :meth:`extend`."""
-        if not await self._lease.aextend(parse_duration(additional_time), replace=replace_ttl):
-            raise self._not_owned("extend", self._depth > 0)
-
-    @redis_failures_as_lock_errors
-    async def alocked(self) -> bool:
-        from django_redislua.connection import get_async_client
-
-        return bool(await get_async_client().exists(self.keys.base))
-
-    @redis_failures_as_lock_errors
-    async def aowned(self) -> bool:
-        from django_redislua.connection import get_async_client
-
-        owner, claim = await get_async_client().hmget(self.keys.base, ["owner", "claim"])
-        return owner is not None and claim is None and _text(owner) == self.owner
-
-    async def __aenter__(self) -> Lock:
-        if not await self.aacquire():
-            raise LockNotAcquired(f"lock {self.name!r} not acquired within "
-                                  f"{self.blocking_timeout}s")
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await release_shielded(self.arelease(), exc is not None)
+    def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                  tb: TracebackType | None) -> Awaitable[None]:
+        return arun(self._leaving(exc is not None))
 
     # -- decorator -----------------------------------------------------------------------------
 
@@ -640,17 +500,17 @@ class Lock:
 
             @functools.wraps(func)
             async def run_async(*args: P.args, **kwargs: P.kwargs) -> Any:
-                async with self.copy():
-                    return await async_func(*args, **kwargs)
+                body = Invoke(functools.partial(async_func, *args, **kwargs))
+                return await arun(self.copy()._holding(body))
 
             return cast(Callable[P, R], run_async)
 
         @functools.wraps(func)
-        def run(*args: P.args, **kwargs: P.kwargs) -> R:
-            with self.copy():
-                return func(*args, **kwargs)
+        def run_sync(*args: P.args, **kwargs: P.kwargs) -> R:
+            return cast(R, run(self.copy()._holding(Invoke(functools.partial(func, *args,
+                                                                             **kwargs)))))
 
-        return run
+        return run_sync
 
 
 def _text(value: bytes | str) -> str:

@@ -1,26 +1,30 @@
 """``Semaphore``: at most ``limit`` holders at once; each permit expires after ``timeout``, so a
-crashed holder frees its own permit. Waiters are woken when a permit is given back."""
+crashed holder frees its own permit. Waiters are woken when a permit is given back.
+
+Each operation is a protocol (see :mod:`django_redislua.protocol`) written once for both
+drivers. A permit is named by a random id, so giving one back is safe to send twice: an acquire
+interrupted after its call was sent (a cancellation, a lost reply) gives its permit back by id,
+and a release interrupted the same way is sent again."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import secrets
 import threading
+import time
+from collections.abc import Awaitable
 from types import TracebackType
 
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import keys_for
-from django_redislua.locks.lock import (
-    LockNotAcquired,
-    LockNotOwned,
-    keep_running,
-    parse_wait,
-    redis_failures_as_lock_errors,
-    release_shielded,
-)
-from django_redislua.locks.waiting import await_until, wait_until
+from django_redislua.locks.lock import LockNotAcquired, LockNotOwned, lock_errors, parse_wait
+from django_redislua.locks.waiting import until
+from django_redislua.protocol import Call, Protocol, interrupted, performed, retried, undone
 from django_redislua.scripts import get_script
+from django_redislua.transport import arun, run
+
+ACQUIRE = "django_redislua.semaphore_acquire"
+RELEASE = "django_redislua.semaphore_release"
 
 
 class Semaphore:
@@ -46,105 +50,98 @@ class Semaphore:
     def __repr__(self) -> str:
         return f"<Semaphore {self.name!r} limit={self.limit}>"
 
-    def _acquire_args(self, permit: str) -> list[str | int]:
-        return [permit, self.limit, max(1, math.ceil(self.timeout * 1000))]
-
-    @staticmethod
-    def _wait(reply: list[int]) -> float | None:
-        granted, wait_ms = (int(x) for x in reply)
-        return None if granted else max(wait_ms, 0) / 1000
-
-    def _granted(self, permit: str) -> None:
-        with self._guard:
-            self._permits.append(permit)
-
     def _take(self) -> str:
         with self._guard:
             if not self._permits:
                 raise LockNotOwned(f"semaphore {self.name!r}: this object holds no permit")
             return self._permits.pop()
 
-    @redis_failures_as_lock_errors
+    def _attempt(self, permit: str) -> Protocol[float | None]:
+        script = get_script(ACQUIRE)
+        reply = yield Call(script, script.command(
+            [self.keys.base], [permit, self.limit, max(1, math.ceil(self.timeout * 1000))]))
+        granted, wait_ms = (int(x) for x in reply)
+        return None if granted else max(wait_ms, 0) / 1000
+
+    def _giving_back(self, permit: str) -> Protocol[int | None]:
+        script = get_script(RELEASE)
+        return (yield from retried(
+            lambda: performed(Call(script, script.command([self.keys.base],
+                                                          [permit, self.keys.channel]))),
+            time.monotonic() + self.timeout))
+
+    def _acquiring(self, blocking: bool | None, blocking_timeout: float | str | None
+                   ) -> Protocol[bool]:
+        blocking = self.blocking if blocking is None else blocking
+        limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
+        permit = secrets.token_hex(16)
+        try:
+            granted = (yield from self._attempt(permit)) is None or (blocking and (
+                yield from until(self.keys.channel, lambda: self._attempt(permit), limit)))
+        except BaseException as exc:
+            # The permit may have been granted by a call whose reply never came: give it back.
+            yield from undone(exc, self._giving_back(permit), f"redislua-permit:{self.name}")
+            raise
+        if not granted:
+            return False
+        with self._guard:
+            self._permits.append(permit)
+        return True
+
+    def _releasing(self) -> Protocol[None]:
+        permit = self._take()
+        script = get_script(RELEASE)
+        try:
+            released = yield Call(script, script.command([self.keys.base],
+                                                         [permit, self.keys.channel]))
+        except BaseException as exc:
+            if interrupted(exc):  # sent or not, a permit given back once more is no harm
+                yield from self._giving_back(permit)
+            raise
+        if not released:
+            raise LockNotOwned(f"semaphore {self.name!r}: the permit expired before release")
+
+    def _entering(self) -> Protocol[Semaphore]:
+        if not (yield from lock_errors(self._acquiring(None, None))):
+            raise LockNotAcquired(f"semaphore {self.name!r}: no permit within "
+                                  f"{self.blocking_timeout}s")
+        return self
+
+    def _leaving(self, body_failed: bool) -> Protocol[None]:
+        try:
+            yield from lock_errors(self._releasing())
+        except LockNotOwned:
+            if not body_failed:
+                raise
+
     def acquire(self, blocking: bool | None = None,
                 blocking_timeout: float | str | None = None) -> bool:
         """Take a permit; True when granted."""
-        blocking = self.blocking if blocking is None else blocking
-        limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
-        permit = secrets.token_hex(16)
-        script = get_script("django_redislua.semaphore_acquire")
+        return run(lock_errors(self._acquiring(blocking, blocking_timeout)))
 
-        def attempt() -> float | None:
-            return self._wait(script(keys=[self.keys.base], args=self._acquire_args(permit)))
+    def aacquire(self, blocking: bool | None = None,
+                 blocking_timeout: float | str | None = None) -> Awaitable[bool]:
+        """The asyncio twin of :meth:`acquire`. Cancelled mid-way, it holds no permit."""
+        return arun(lock_errors(self._acquiring(blocking, blocking_timeout)))
 
-        if attempt() is not None and (
-            not blocking or not wait_until(self.keys.channel, attempt, limit)
-        ):
-            return False
-        self._granted(permit)
-        return True
-
-    @redis_failures_as_lock_errors
     def release(self) -> None:
         """Give back a permit; LockNotOwned when it had already expired."""
-        permit = self._take()
-        script = get_script("django_redislua.semaphore_release")
-        if not script(keys=[self.keys.base], args=[permit, self.keys.channel]):
-            raise LockNotOwned(f"semaphore {self.name!r}: the permit expired before release")
+        run(lock_errors(self._releasing()))
 
-    @redis_failures_as_lock_errors
-    async def aacquire(self, blocking: bool | None = None,
-                       blocking_timeout: float | str | None = None) -> bool:
-        """The asyncio twin of :meth:`acquire`. Cancelled mid-way, it holds no permit."""
-        blocking = self.blocking if blocking is None else blocking
-        limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
-        permit = secrets.token_hex(16)
-        script = get_script("django_redislua.semaphore_acquire")
-
-        async def attempt() -> float | None:
-            reply = await script.acall(keys=[self.keys.base], args=self._acquire_args(permit))
-            return self._wait(reply)
-
-        try:
-            if await attempt() is not None and (
-                not blocking or not await await_until(self.keys.channel, attempt, limit)
-            ):
-                return False
-        except asyncio.CancelledError:
-            release = get_script("django_redislua.semaphore_release")
-            keep_running(asyncio.get_running_loop().create_task(
-                release.acall(keys=[self.keys.base], args=[permit, self.keys.channel])))
-            raise
-        self._granted(permit)
-        return True
-
-    @redis_failures_as_lock_errors
-    async def arelease(self) -> None:
+    def arelease(self) -> Awaitable[None]:
         """The asyncio twin of :meth:`release`."""
-        permit = self._take()
-        script = get_script("django_redislua.semaphore_release")
-        if not await script.acall(keys=[self.keys.base], args=[permit, self.keys.channel]):
-            raise LockNotOwned(f"semaphore {self.name!r}: the permit expired before release")
+        return arun(lock_errors(self._releasing()))
 
     def __enter__(self) -> Semaphore:
-        if not self.acquire():
-            raise LockNotAcquired(f"semaphore {self.name!r}: no permit within "
-                                  f"{self.blocking_timeout}s")
-        return self
+        return run(self._entering())
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        try:
-            self.release()
-        except LockNotOwned:
-            if exc is None:
-                raise
+        run(self._leaving(exc is not None))
 
-    async def __aenter__(self) -> Semaphore:
-        if not await self.aacquire():
-            raise LockNotAcquired(f"semaphore {self.name!r}: no permit within "
-                                  f"{self.blocking_timeout}s")
-        return self
+    def __aenter__(self) -> Awaitable[Semaphore]:
+        return arun(self._entering())
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await release_shielded(self.arelease(), exc is not None)
+    def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                  tb: TracebackType | None) -> Awaitable[None]:
+        return arun(self._leaving(exc is not None))

@@ -1,32 +1,33 @@
 """Waiting that is woken by Redis, not by a timer: a waiter subscribes to the primitive's channel,
 tries again, and sleeps until a ``released`` message arrives or until the current lease would
 expire (whichever is first), bounded by its own deadline. There is no fixed-interval poll: a
-waiter wakes when the state it waits on may have changed, and at no other time.
+waiter wakes when the state it waits on may have changed, and at no other time (except where
+the transport cannot subscribe: redis-py before 8.0 on an asyncio cluster polls, see
+``transport.POLL_INTERVAL``).
 
 The subscription is confirmed by the server before the retry, so a release between the failed
-try and the subscription cannot be missed. A thread keeps its pub/sub connection from one wait to
-the next (subscribing and unsubscribing per wait), so waiting costs no new connection.
+try and the subscription cannot be missed. The sync transport keeps a thread's pub/sub
+connection from one wait to the next (subscribing and unsubscribing per wait), so waiting costs
+no new connection.
 
 A caller may read the messages itself (``on_message``): a lock's release offers the lock to one
 queued waiter and says so on the channel, so that waiter confirms at once and the others sleep
 only until the offer would run out unconfirmed.
+
+:func:`until` is a protocol (:mod:`django_redislua.protocol`): the same wait for both drivers.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from redis.exceptions import RedisError
+from django_redislua.protocol import Listen, Protocol, Subscribe, Unsubscribe
 
-from django_redislua.connection import get_async_client, get_client
-
-# An attempt returns None when it succeeded, else the seconds after which the state changes on
-# its own (a lease expiring); math.inf when only a message can change it.
-Attempt = Callable[[], "float | None"]
-AsyncAttempt = Callable[[], Awaitable["float | None"]]
+# An attempt is a protocol returning None when it succeeded, else the seconds after which the
+# state changes on its own (a lease expiring); math.inf when only a message can change it.
+Attempt = Callable[[], Protocol["float | None"]]
 # Reads a wake-up message: True = the wait succeeded (nothing more to do), False = not for us
 # (keep sleeping), a number = not for us, but sleep at most that many seconds more, None = try
 # again now.
@@ -47,12 +48,6 @@ def _bounded(wait: float, deadline: float | None) -> float:
             return -1.0
         wait = min(wait, remaining)
     return min(max(wait, 0.0), LONGEST_SLEEP)
-
-
-def _confirm_by(deadline: float | None) -> float:
-    """Until when to wait for the SUBSCRIBE confirmation: never past the caller's deadline."""
-    confirm_by = time.monotonic() + _SUBSCRIBE_CONFIRM
-    return confirm_by if deadline is None else min(confirm_by, deadline)
 
 
 def _woken(verdict: bool | float | str, wake_at: float, deadline: float | None) -> float:
@@ -83,90 +78,22 @@ def _verdict(message: Any, channel: str,
     return on_message(data.decode() if isinstance(data, bytes) else str(data))
 
 
-_threads = threading.local()
-
-
-def _subscriber() -> Any:
-    """This thread's pub/sub connection, kept from one wait to the next: a wait then pays no
-    connect and handshake before it, and no disconnect between a hand-off and its return."""
-    client = get_client()
-    pubsub = getattr(_threads, "pubsub", None)
-    if pubsub is None or getattr(_threads, "client", None) is not client:
-        _drop_subscriber()
-        pubsub = client.pubsub()  # type: ignore[no-untyped-call]
-        _threads.pubsub, _threads.client = pubsub, client
-    return pubsub
-
-
-def _drop_subscriber() -> None:
-    pubsub = getattr(_threads, "pubsub", None)
-    _threads.pubsub = _threads.client = None
-    if pubsub is not None:
-        pubsub.close()
-
-
-def wait_until(channel: str, attempt: Attempt, timeout: float | None,
-               on_message: OnMessage | None = None) -> bool:
-    """Retry ``attempt`` on every wake-up until it succeeds (True) or ``timeout`` passes (False)."""
-    pubsub = _subscriber()
-    try:
-        result = _wait(pubsub, channel, attempt, timeout, on_message)
-    except BaseException:
-        _drop_subscriber()  # interrupted mid-read: the connection's state is unknown
-        raise
-    try:
-        # The confirmation is read, and skipped, by this thread's next wait.
-        pubsub.unsubscribe(channel)
-    except RedisError:
-        _drop_subscriber()
-    return result
-
-
-def _wait(pubsub: Any, channel: str, attempt: Attempt, timeout: float | None,
-          on_message: OnMessage | None) -> bool:
+def until(channel: str, attempt: Attempt, timeout: float | None,
+          on_message: OnMessage | None = None) -> Protocol[bool]:
+    """Retry ``attempt`` on every wake-up until it succeeds (True) or ``timeout`` passes
+    (False). Subscribed for the whole wait; unsubscribed however it ends."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    pubsub.subscribe(channel)
-    confirm_by = _confirm_by(deadline)
-    while not _is(pubsub.get_message(timeout=max(confirm_by - time.monotonic(), 0)),
-                  "subscribe", channel):
-        if time.monotonic() >= confirm_by:
-            break
-    while True:
-        wait = attempt()
-        if wait is None:
-            return True
-        sleep = _bounded(wait, deadline)
-        if sleep < 0:
-            return False
-        wake_at = time.monotonic() + sleep
-        while True:
-            left = max(wake_at - time.monotonic(), 0.0)
-            verdict = _verdict(pubsub.get_message(timeout=left), channel, on_message)
-            if verdict is True:
-                return True
-            if verdict is None:
-                break
-            wake_at = _woken(verdict, wake_at, deadline)
-            if time.monotonic() >= wake_at:
-                break
-
-
-async def await_until(channel: str, attempt: AsyncAttempt, timeout: float | None,
-                      on_message: OnMessage | None = None) -> bool:
-    """The asyncio twin of :func:`wait_until`; cancelling it unsubscribes and leaves no state."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pubsub = get_async_client().pubsub()
+    subscription = yield Subscribe(channel)
     try:
-        await pubsub.subscribe(channel)
-        confirm_by = _confirm_by(deadline)
-        while not _is(
-            await pubsub.get_message(timeout=max(confirm_by - time.monotonic(), 0)), "subscribe",
-            channel,
-        ):
+        confirm_by = time.monotonic() + _SUBSCRIBE_CONFIRM
+        if deadline is not None:
+            confirm_by = min(confirm_by, deadline)  # never past the caller's deadline
+        while not _is((yield Listen(subscription, max(confirm_by - time.monotonic(), 0))),
+                      "subscribe", channel):
             if time.monotonic() >= confirm_by:
                 break
         while True:
-            wait = await attempt()
+            wait = yield from attempt()
             if wait is None:
                 return True
             sleep = _bounded(wait, deadline)
@@ -175,7 +102,7 @@ async def await_until(channel: str, attempt: AsyncAttempt, timeout: float | None
             wake_at = time.monotonic() + sleep
             while True:
                 left = max(wake_at - time.monotonic(), 0.0)
-                verdict = _verdict(await pubsub.get_message(timeout=left), channel, on_message)
+                verdict = _verdict((yield Listen(subscription, left)), channel, on_message)
                 if verdict is True:
                     return True
                 if verdict is None:
@@ -184,4 +111,4 @@ async def await_until(channel: str, attempt: AsyncAttempt, timeout: float | None
                 if time.monotonic() >= wake_at:
                     break
     finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
+        yield Unsubscribe(subscription, channel)

@@ -19,16 +19,18 @@ the cluster; both pass through ``bound_identity``, so a hostile subject never ma
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.limiting.identity import bound_identity
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks import lease
+from django_redislua.protocol import Protocol, raising
 from django_redislua.scripts import Arg, get_script
+from django_redislua.transport import arun_step, run_step
 
 T = TypeVar("T")
 
@@ -57,20 +59,40 @@ def delete_op(keys: Sequence[str]) -> Op[bool]:
     return Op("django_redislua.recipe_delete", keys, [], bool)
 
 
+class _Step(Generic[T]):
+    """An :class:`Op` as a :class:`~django_redislua.drivers.Step`: one script call, its reply
+    read by the op; Redis failing raises RecipeUnavailable. The call is sent once: when its
+    reply is lost the operation may or may not have happened (see RecipeUnavailable)."""
+
+    decided = None
+
+    def __init__(self, op: Op[T]) -> None:
+        self.script = get_script(op.script)
+        self.command = self.script.command(op.keys, op.args)
+        self.result = op.read
+
+    def failed(self, failure: BaseException) -> Protocol[T]:
+        if isinstance(failure, CLIENT_ERRORS):
+            error = RecipeUnavailable(f"Redis failed during {self.script.name}: {failure}")
+            error.__cause__ = failure
+            return raising(error)
+        return raising(failure)
+
+
+def recipe_errors(protocol: Protocol[T], what: str) -> Protocol[T]:
+    """``protocol``, Redis failing raised as :class:`RecipeUnavailable`."""
+    try:
+        return (yield from protocol)
+    except CLIENT_ERRORS as exc:
+        raise RecipeUnavailable(f"Redis failed during {what}: {exc}") from exc
+
+
 def run(op: Op[T]) -> T:
-    try:
-        reply = get_script(op.script)(keys=op.keys, args=op.args)
-    except CLIENT_ERRORS as exc:
-        raise RecipeUnavailable(f"Redis failed during {op.script}: {exc}") from exc
-    return op.read(reply)
+    return cast(T, run_step(_Step(op)))
 
 
-async def arun(op: Op[T]) -> T:
-    try:
-        reply = await get_script(op.script).acall(keys=op.keys, args=op.args)
-    except CLIENT_ERRORS as exc:
-        raise RecipeUnavailable(f"Redis failed during {op.script}: {exc}") from exc
-    return op.read(reply)
+def arun(op: Op[T]) -> Awaitable[T]:
+    return cast(Awaitable[T], arun_step(_Step(op)))
 
 
 def recipe_name(name: object) -> str:

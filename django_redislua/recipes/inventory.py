@@ -48,6 +48,9 @@ def _left(reply: Any) -> int:
     return int(reply)
 
 
+_SET_MODES = {False: "set", True: "open"}  # set(if_absent=...) -> recipe_stock_set's mode
+
+
 class Inventory:
     """The stock of every SKU of one sale (or shop) called ``name``.
 
@@ -81,10 +84,10 @@ class Inventory:
         """Set the units left of ``sku`` (orders already taken stay recorded); returns the units
         left. With ``if_absent``, only when no stock is set: every server may open the sale at
         start-up, and a sale already selling is left as it is."""
-        return run(self._set(sku, units, "open" if if_absent else "set"))
+        return run(self._set(sku, units, _SET_MODES[if_absent]))
 
     async def aset(self, sku: str | bytes | int, units: int, *, if_absent: bool = False) -> int:
-        return await arun(self._set(sku, units, "open" if if_absent else "set"))
+        return await arun(self._set(sku, units, _SET_MODES[if_absent]))
 
     def add(self, sku: str | bytes | int, units: int) -> int:
         """Restock: add ``units`` (>= 1) to a SKU already :meth:`set`; returns the units left.

@@ -143,15 +143,18 @@ class WorkQueue:
         done: int = await arun(self._finish("release", task, self.max_attempts))
         return bool(done)
 
+    def _extend(self, task: Task) -> Op[float | None]:
+        return Op("django_redislua.recipe_queue_finish", self.keys,
+                  ["extend", task.id, task.token, self.visibility_ms],
+                  lambda deadline: int(deadline) / 1000 if int(deadline) else None)
+
     def extend(self, task: Task) -> float | None:
         """Make the claim last ``visibility_timeout`` from now; the new deadline (server clock,
         seconds), or None when the claim no longer held the task (stop working on it)."""
-        deadline = run(self._finish("extend", task, self.visibility_ms))
-        return deadline / 1000 if deadline else None
+        return run(self._extend(task))
 
     async def aextend(self, task: Task) -> float | None:
-        deadline = await arun(self._finish("extend", task, self.visibility_ms))
-        return deadline / 1000 if deadline else None
+        return await arun(self._extend(task))
 
     def _stats(self) -> Op[QueueStats]:
         return Op("django_redislua.recipe_queue_stats", self.keys, [],

@@ -14,22 +14,24 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
-from django_redislua.connection import CLIENT_ERRORS
-from django_redislua.locks.coordination import Flight, afly, fly
+from django_redislua.locks.coordination import Flight, flying
 from django_redislua.locks.keys import Keys
+from django_redislua.protocol import Invoke, Protocol
 from django_redislua.recipes.base import (
     Op,
-    RecipeUnavailable,
     arun,
     delete_op,
     key,
     milliseconds,
+    recipe_errors,
     recipe_name,
     run,
     whole,
 )
+from django_redislua.transport import arun as arun_protocol
+from django_redislua.transport import run as run_protocol
 
 R = TypeVar("R")
 
@@ -89,14 +91,19 @@ class VersionedCache:
         return Op("django_redislua.recipe_vcache_get", [self.keys(cache_key).base], [],
                   _versioned)
 
+    def _value(self, cache_key: str | bytes | int, default: Any) -> Op[Any]:
+        def read(reply: Any) -> Any:
+            found = _versioned(reply)
+            return default if found is None else found.value
+
+        return Op("django_redislua.recipe_vcache_get", [self.keys(cache_key).base], [], read)
+
     def get(self, cache_key: str | bytes | int, default: Any = None) -> Any:
         """The fresh value stored under ``cache_key``, else ``default``."""
-        found = run(self._get(cache_key))
-        return default if found is None else found.value
+        return run(self._value(cache_key, default))
 
     async def aget(self, cache_key: str | bytes | int, default: Any = None) -> Any:
-        found = await arun(self._get(cache_key))
-        return default if found is None else found.value
+        return await arun(self._value(cache_key, default))
 
     def get_versioned(self, cache_key: str | bytes | int) -> Versioned | None:
         """The fresh value and its version, or None."""
@@ -121,18 +128,17 @@ class VersionedCache:
         and not at all when a newer version was ``set`` while it built. ``lock_timeout`` is
         the build lease, renewed while ``build`` runs (it bounds how long a crashed builder
         keeps the others waiting)."""
-        try:
-            return fly(Flight(self.keys(cache_key), lock_timeout, versioned=True), build, ttl,
-                       stale_ttl)
-        except CLIENT_ERRORS as exc:
-            raise RecipeUnavailable(f"Redis failed during get_or_build: {exc}") from exc
+        return cast(R, run_protocol(self._building(cache_key, Invoke(build), ttl, stale_ttl,
+                                                   lock_timeout)))
 
     async def aget_or_build(self, cache_key: str | bytes | int,
                             build: Callable[[], Awaitable[R]], ttl: float | str = 300,
                             stale_ttl: float | str = 0, lock_timeout: float | str = 10) -> R:
         """The asyncio twin of :meth:`get_or_build`, for an async ``build``."""
-        try:
-            return await afly(Flight(self.keys(cache_key), lock_timeout, versioned=True),
-                              build, ttl, stale_ttl)
-        except CLIENT_ERRORS as exc:
-            raise RecipeUnavailable(f"Redis failed during get_or_build: {exc}") from exc
+        return cast(R, await arun_protocol(self._building(cache_key, Invoke(build), ttl,
+                                                          stale_ttl, lock_timeout)))
+
+    def _building(self, cache_key: str | bytes | int, build: Invoke, ttl: float | str,
+                  stale_ttl: float | str, lock_timeout: float | str) -> Protocol[Any]:
+        flight = Flight(self.keys(cache_key), lock_timeout, versioned=True)
+        return recipe_errors(flying(flight, build, ttl, stale_ttl), "get_or_build")

@@ -14,6 +14,8 @@
 -- ARGV[7]  the wake-up channel (a PUBLISH target, not a key).
 -- ARGV[8]  the claim window in milliseconds (how long a heir has to confirm a hand-off).
 --
+-- A re-entry adds the field "e:<wait id>" (see below); the hash is bounded by the re-entries held.
+--
 -- Returns {1, fencing token, re-entry count} when acquired, re-entered or confirmed;
 -- {0, milliseconds until the lock may change hands (lease or claim left; -1: no expiry), 0}.
 
@@ -22,6 +24,10 @@
 local owner, wait, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local stay, channel, window = tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
 local member = wait .. ':' .. owner .. ':' .. ARGV[3]
+if withdrawn(wait) then
+  -- This wait was withdrawn: its caller gave up on it, and nobody reads this reply.
+  return {0, redis.call('PTTL', KEYS[1]), 0}
+end
 local now = now_us()
 local state = redis.call('HMGET', KEYS[1], 'owner', 'wait', 'count', 'token', 'claim')
 
@@ -46,6 +52,12 @@ elseif state[1] == owner then
     return {1, tonumber(state[4]), tonumber(state[3])}
   end
   if ARGV[4] == '1' and not state[5] then
+    -- A re-entry is recorded under its wait id: released by that id (lock_release), and given
+    -- back by it (lock_withdraw "give") when its caller never learned of it (a lost reply, a
+    -- cancellation). The same wait cannot re-enter twice.
+    if redis.call('HSETNX', KEYS[1], 'e:' .. wait, 1) == 0 then
+      return {1, tonumber(state[4]), tonumber(state[3])}
+    end
     local count = redis.call('HINCRBY', KEYS[1], 'count', 1)
     redis.call('PEXPIRE', KEYS[1], lease)
     return {1, tonumber(state[4]), count}

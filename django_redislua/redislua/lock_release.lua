@@ -11,6 +11,9 @@
 -- ARGV[5]  the claim window in milliseconds.
 -- ARGV[6]  a fencing token the lock must still carry, or "" for any: undoing an acquisition
 --          whose reply was lost must not release a later one by the same owner.
+-- ARGV[7]  with "one": the wait id of the re-entry given back, or "" for the first hold. A
+--          re-entry already given back is not given back twice (a release sent again after
+--          its reply was lost changes nothing).
 --
 -- Publishes "granted <wait> <token> <window ms>" or "released".
 -- Returns -1 when the caller does not own the lock (expired, taken, force-released), otherwise
@@ -18,11 +21,15 @@
 
 --#include lib/lock_queue.lua
 
-local state = redis.call('HMGET', KEYS[1], 'owner', 'token', 'claim')
+local state = redis.call('HMGET', KEYS[1], 'owner', 'token', 'claim', 'count')
 if state[1] ~= ARGV[1] or state[3] or (ARGV[6] ~= '' and state[2] ~= ARGV[6]) then
   return -1
 end
 if ARGV[2] == 'one' then
+  local hold = ARGV[7] or ''
+  if hold ~= '' and redis.call('HDEL', KEYS[1], 'e:' .. hold) == 0 then
+    return tonumber(state[4])
+  end
   local count = redis.call('HINCRBY', KEYS[1], 'count', -1)
   if count > 0 then
     return count

@@ -1,7 +1,10 @@
 -- A waiter leaves: its wait ended without the lock (timeout), or it was interrupted (an
--- exception, a cancellation, KeyboardInterrupt). Either way it leaves the queue. A hand-off
--- made to this wait meanwhile is taken ("take": the wait ends with the lock after all) or
--- passed on to the next live waiter ("give": whoever was interrupted will not use it).
+-- exception, a cancellation, KeyboardInterrupt, a reply that never arrived). Either way it
+-- leaves the queue. A hand-off made to this wait meanwhile is taken ("take": the wait ends with
+-- the lock after all) or passed on to the next live waiter ("give": whoever was interrupted
+-- will not use it); so is the lock this wait took, and a re-entry it made ("give"), and an
+-- acquire of this wait that reaches the server later is refused. Sending it again changes
+-- nothing more: it is safe after a lost reply.
 --
 -- KEYS[1..4]  the lock, its fencing counter, its queue and the queue's stale times
 --             (see lib/lock_queue.lua).
@@ -19,8 +22,20 @@
 --#include lib/lock_queue.lua
 
 leave(ARGV[2] .. ':' .. ARGV[1] .. ':' .. ARGV[3])
+if ARGV[4] == 'give' then
+  -- An interrupted caller: an acquire of this wait still on its way is refused when it comes.
+  tombstone(now_us(), ARGV[2])
+end
 local state = redis.call('HMGET', KEYS[1], 'owner', 'wait', 'count', 'token', 'claim')
-if state[1] ~= ARGV[1] or state[2] ~= ARGV[2] then
+if state[1] ~= ARGV[1] then
+  return {0, 0, 0}
+end
+if state[2] ~= ARGV[2] then
+  -- Held by an earlier wait of this owner: a re-entry this wait made is given back.
+  if ARGV[4] == 'give' and redis.call('HDEL', KEYS[1], 'e:' .. ARGV[2]) == 1
+      and redis.call('HINCRBY', KEYS[1], 'count', -1) <= 0 then
+    free(now_us(), ARGV[5], ARGV[6], tonumber(ARGV[7]))
+  end
   return {0, 0, 0}
 end
 if ARGV[4] == 'take' then

@@ -1,7 +1,8 @@
 -- The waiter queue and hand-off of a lock (a fragment: the including script names its KEYS and
 -- ARGV). Every lock script that includes it is called with the same four keys:
 --
--- KEYS[1]  the lock: a hash {owner, wait, count, token, name[, claim]} expiring with the lease.
+-- KEYS[1]  the lock: a hash {owner, wait, count, token, name[, claim][, e:<wait>...]} expiring
+--          with the lease; an "e:<wait>" field per re-entry held (see lock_acquire.lua).
 --          `wait` is the id of the acquire call that took it (grants belong to one wait, never
 --          to a Lock object); `claim` marks a hand-off its heir has not confirmed yet, and the
 --          hash then expires after the claim window instead of the lease.
@@ -11,6 +12,7 @@
 --          (server clock, microseconds). First come, first served.
 -- KEYS[4]  the same members scored by when the registration goes stale (server clock, ms): a
 --          waiter that died without withdrawing is dropped then, and never handed the lock.
+--          Also "x:<wait>" members: waits withdrawn by an interrupted caller (see tombstone).
 
 -- How long the fencing counter outlives the lease it was taken for. Within it, tokens stay
 -- increasing even if the server clock steps back; after it, the clock alone orders them.
@@ -49,6 +51,24 @@ end
 local function leave(member)
   redis.call('ZREM', KEYS[3], member)
   redis.call('ZREM', KEYS[4], member)
+end
+
+-- How long a wait withdrawn by an interrupted caller ("give") is refused: its acquire may still be
+-- on its way to the server (sent just before a timeout or a cancellation, behind a busy script:
+-- the server answers other clients BUSY after lua-time-limit, 5 s by default), and must not take
+-- or re-enter the lock after the withdrawal gave back whatever it held.
+local TOMBSTONE_MS = 60000
+
+local function tombstone(now, wait)
+  local until_ms = math.floor(now / 1000) + TOMBSTONE_MS
+  redis.call('ZADD', KEYS[4], int(until_ms), 'x:' .. wait)
+  if redis.call('PTTL', KEYS[4]) < TOMBSTONE_MS + 1000 then
+    redis.call('PEXPIRE', KEYS[4], TOMBSTONE_MS + 1000)
+  end
+end
+
+local function withdrawn(wait)
+  return redis.call('ZSCORE', KEYS[4], 'x:' .. wait) ~= false
 end
 
 local function prune_stale(now)

@@ -1,0 +1,56 @@
+"""What a rate decision says (:class:`Decision`), what a denied request raises
+(:class:`RateLimited`), and what a misconfigured policy raises (:class:`PolicyError`). No I/O,
+no imports of the package: every layer may use these."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from django_redislua.limiting.policy import Policy
+
+
+class PolicyError(ValueError):
+    """A policy is misconfigured. ``check_id`` is the system check that reports it."""
+
+    def __init__(self, check_id: str, message: str) -> None:
+        super().__init__(message)
+        self.check_id = check_id
+
+
+class Decision(NamedTuple):
+    """What Redis decided for one policy and one identity. Immutable; a named tuple because
+    one is built for every decision, at a third of a frozen dataclass's cost."""
+
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_after: float
+    retry_after: float
+    policy: Policy
+    key: str | bytes | int = ""
+    lease: str | None = None
+    local: bool = False  # answered by this process's denial cache, without a round trip
+
+    def __bool__(self) -> bool:
+        return self.allowed
+
+    @property
+    def shadow(self) -> bool:
+        """The policy is in shadow mode: the Django layers never block on this Decision."""
+        return self.policy.shadow
+
+
+class RateLimited(Exception):
+    """Raised when a request is denied; carries every Decision made for it."""
+
+    def __init__(self, decisions: Sequence[Decision]) -> None:
+        self.decisions = list(decisions)
+        denied = [d for d in self.decisions if not d.allowed]
+        names = ", ".join(d.policy.name for d in denied) or "?"
+        super().__init__(f"rate limited by {names}; retry after {self.retry_after:.3f}s")
+
+    @property
+    def retry_after(self) -> float:
+        return max((d.retry_after for d in self.decisions if not d.allowed), default=0.0)

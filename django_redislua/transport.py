@@ -1,0 +1,839 @@
+"""The transport seam: how the drivers reach Redis, on any redis-py from 5.0.1 to the newest.
+
+A driver (:mod:`django_redislua.drivers`) hands every operation a protocol yields
+(:mod:`django_redislua.protocol`) to a transport's ``perform``. A transport sends through
+redis-py's public API only: connections checked out of the client's pool
+(``get_connection``, ``send_command``/``send_packed_command``, ``read_response``,
+``release``), the cluster client's slot table (``get_node_from_key``, ``get_redis_connection``,
+``nodes_manager.initialize``), its pub/sub, and ``execute_command`` for plain idempotent
+commands. No redis-py internal is patched or read.
+
+**Sent once.** A script call goes out on a pooled connection once: redis-py's own retry policy
+(which, depending on the version and on how the client was built, sends a command again after
+a timeout: up to 10 times on redis-py 8's ``Redis(host=...)`` clients and on every cluster
+client) is never in its way. A reply that may have been lost raises, and the connection it was
+sent on is closed, so no later call can read that reply. Replies that say the command did not
+run are the protocol's to act on (:func:`django_redislua.protocol.call_groups`).
+
+Transports:
+
+- :class:`ServerTransport`: one server (a URL, a cache's pool, Sentinel's current primary).
+  Its connection source is the reference (:class:`PoolSource`: checked out of the pool per
+  exchange) or, with ``LEAN_CALLS`` on a redis-py the suite proves it on, the lean one
+  (:class:`django_redislua.lean.KeptConnections`: some kept checked out between calls).
+- :class:`ClusterTransport`: each send goes to the primary the client's slot table names for
+  its key, through that node's own :class:`ServerTransport`.
+- :class:`ClientTransport`: any other object with ``execute_command`` (its own policies apply).
+- The asyncio twins, and :class:`ThrowawayLoopTransport` for an async view under WSGI.
+
+``get_transport()`` is the process's, rebuilt when settings change (the one it replaces is
+closed: kept connections go back to their pool); ``close()`` closes it on demand.
+``get_async_transport()`` is the running loop's, closed with that loop's client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+from redis.exceptions import ResponseError
+
+from django_redislua import lean, metrics
+from django_redislua.conf import on_change_first
+from django_redislua.connection import (
+    CLIENT_ERRORS,
+    checkout,
+    get_async_client,
+    get_client,
+    on_throwaway_loop,
+)
+from django_redislua.drivers import Step, adrive, adrive_step, drive, drive_step, keep_running
+from django_redislua.protocol import (
+    Call,
+    Clustered,
+    Command,
+    Execute,
+    Invoke,
+    Join,
+    Listen,
+    Load,
+    Pause,
+    Protocol,
+    Refresh,
+    Send,
+    Spawn,
+    Subscribe,
+    Unsubscribe,
+    call,
+    missing,
+    unsent,
+)
+
+if TYPE_CHECKING:
+    from django_redislua.scripts import Script
+
+T = TypeVar("T")
+Connection = Any  # redis-py's connection classes: their send/read methods are untyped
+Replies = list[list[Any]]
+# Failures of opening a connection: nothing was sent.
+OPEN_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+# redis.asyncio.cluster.RedisCluster has pub/sub from redis-py 8.0; before, a wait there polls
+# (docs/locks.md; system check redislua.W004).
+ASYNC_CLUSTER_PUBSUB = hasattr(redis.asyncio.cluster.RedisCluster, "pubsub")
+POLL_INTERVAL = 0.05  # seconds between two tries of a wait that cannot subscribe
+
+
+def flatten(op: Send) -> list[Command]:
+    return [command for _key, group in op.groups for command in group]
+
+
+def regroup(op: Send, replies: list[Any]) -> Replies:
+    """The replies of :func:`flatten`'s commands, per group of ``op``."""
+    split, start = [], 0
+    for _key, group in op.groups:
+        split.append(replies[start:start + len(group)])
+        start += len(group)
+    return split
+
+
+# -- connections, sent once -----------------------------------------------------------------------
+
+class PoolSource:
+    """The reference way to a connection: checked out of the pool for one exchange and
+    returned after it (redis-py's own path, without its retry)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.take = checkout(pool)
+        self.give = pool.release
+
+    @staticmethod
+    def send_one(conn: Connection, command: Command) -> None:
+        conn.send_command(*command)
+
+    def close(self) -> None:
+        """Nothing is kept between exchanges."""
+
+
+def opened(source: Any) -> Connection:
+    """A connection from ``source``; a failure to open one is marked as sending nothing
+    (:func:`protocol.unsent`)."""
+    try:
+        return source.take()
+    except OPEN_ERRORS as exc:
+        unsent(exc)
+        raise
+
+
+def written(source: Any, conn: Connection, commands: Sequence[Command]) -> None:
+    """``commands`` sent on ``conn`` in one write, once; a failure closes the connection."""
+    try:
+        if len(commands) == 1:
+            source.send_one(conn, commands[0])
+        else:
+            conn.send_packed_command(conn.pack_commands(commands))
+    except BaseException:
+        conn.disconnect()
+        raise
+
+
+def read(conn: Connection, count: int) -> list[Any]:
+    """``count`` replies, an error reply as its exception. Any other failure closes the
+    connection: a reply left unread on it must never answer a later call."""
+    replies: list[Any] = []
+    try:
+        for _ in range(count):
+            try:
+                replies.append(conn.read_response(disconnect_on_error=True))
+            except ResponseError as error:
+                replies.append(error)
+    except BaseException:
+        conn.disconnect()
+        raise
+    return replies
+
+
+# -- sync ----------------------------------------------------------------------------------------
+
+class Spawned:
+    """A protocol running apart (a daemon thread or a task): see :class:`protocol.Spawn`."""
+
+    def __init__(self, runner: Any, stop: threading.Event) -> None:
+        self.runner, self.stop = runner, stop
+
+    def task_ended(self) -> Any:
+        """An awaitable of the task's end, cancelling it first (it checks its stop event after
+        every operation too: a cancellation can be lost). At once from the task itself."""
+        if self.runner is asyncio.current_task():
+            return asyncio.sleep(0)
+        self.runner.cancel()
+        return asyncio.wait([self.runner])
+
+
+def flatten_replies(replies: Replies) -> list[Any]:
+    return [reply for group in replies for reply in group]
+
+
+def first_error(replies: list[Any]) -> None:
+    """Raise the first error reply among ``replies``."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+
+
+class Transport:
+    """What the sync driver performs: Redis operations (subclasses) and the ones that need no
+    Redis (pauses, application calls, protocols run apart)."""
+
+    client: Any
+
+    def __init__(self) -> None:
+        self.operations: dict[type, Callable[[Any], Any]] = {
+            Call: self.perform_call, Send: self.send, Load: self.load, Refresh: self.refresh,
+            Clustered: self.clustered, Execute: self.execute, Pause: self.pause,
+            Subscribe: self.subscribe, Listen: self.listen, Unsubscribe: self.unsubscribe,
+            Invoke: self.invoke, Spawn: self.spawn, Join: self.join,
+        }
+        self._local = threading.local()
+
+    def clustered(self, op: Clustered) -> bool:
+        return isinstance(self.client, redis.cluster.RedisCluster)
+
+    def perform(self, operation: Any) -> Any:
+        return self.operations[type(operation)](operation)
+
+    def perform_call(self, op: Call) -> Any:
+        return self.call(op.script, op.command)
+
+    def call(self, script: Script, command: Command) -> Any:
+        """One script call's reply; an error reply raises (see :class:`protocol.Call`)."""
+        return drive(call(script, command), self)
+
+    def send(self, op: Send) -> Replies:
+        raise NotImplementedError
+
+    def load(self, op: Load) -> None:
+        reply = self.send(Send(((None, (op.command,)),)))[0][0]
+        if isinstance(reply, Exception):
+            raise reply
+
+    def refresh(self, op: Refresh) -> bool:
+        return False
+
+    def execute(self, op: Execute) -> Any:
+        return self.client.execute_command(*op.args)
+
+    def close(self) -> None:
+        """Give back what this transport keeps (lean connections, this thread's pub/sub)."""
+        self.drop_subscriber()
+
+    # pub/sub: one connection per thread, kept from one wait to the next (subscribing and
+    # unsubscribing per wait): a wait then pays no connect and handshake before it.
+    def subscribe(self, op: Subscribe) -> Any:
+        pubsub = getattr(self._local, "pubsub", None)
+        if pubsub is None:
+            pubsub = self._local.pubsub = self.client.pubsub()
+        try:
+            pubsub.subscribe(op.channel)
+        except BaseException:
+            self.drop_subscriber()
+            raise
+        return pubsub
+
+    def listen(self, op: Listen) -> Any:
+        try:
+            return op.subscription.get_message(timeout=op.timeout)
+        except BaseException:
+            self.drop_subscriber()  # interrupted mid-read: the connection's state is unknown
+            raise
+
+    def unsubscribe(self, op: Unsubscribe) -> None:
+        pubsub = getattr(self._local, "pubsub", None)
+        if pubsub is None or op.subscription is not pubsub:
+            return  # dropped already (a read was interrupted): nothing to unsubscribe
+        try:
+            # The confirmation is read, and skipped, by this thread's next wait.
+            pubsub.unsubscribe(op.channel)
+        except BaseException:
+            self.drop_subscriber()
+            raise
+
+    def drop_subscriber(self) -> None:
+        """Close this thread's kept pub/sub connection (a thread about to end may call it)."""
+        pubsub = getattr(self._local, "pubsub", None)
+        self._local.pubsub = None
+        if pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                pubsub.close()
+
+    # what needs no Redis
+    @staticmethod
+    def pause(op: Pause) -> None:
+        if op.wake is None:
+            time.sleep(op.seconds)
+        else:
+            op.wake.wait(op.seconds)
+
+    @staticmethod
+    def invoke(op: Invoke) -> Any:
+        return op.sync(*op.args)
+
+    def spawn(self, op: Spawn) -> Spawned:
+        thread = threading.Thread(target=drive, args=(op.protocol, self), name=op.name,
+                                  daemon=True)
+        thread.start()
+        return Spawned(thread, op.stop)
+
+    @staticmethod
+    def join(op: Join) -> None:
+        spawned: Spawned = op.spawned
+        spawned.stop.set()
+        if spawned.runner is not threading.current_thread():
+            spawned.runner.join()
+
+
+class ServerTransport(Transport):
+    """One server: every group of a send goes out in one write on one connection."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        super().__init__()
+        self.client = client
+        pool = client.connection_pool
+        self.source: Any = lean.KeptConnections(pool) if lean.eligible(pool) else PoolSource(pool)
+
+    def send(self, op: Send) -> Replies:
+        commands = flatten(op)
+        source = self.source
+        conn = opened(source)
+        try:
+            written(source, conn, commands)
+            return regroup(op, read(conn, len(commands)))
+        finally:
+            source.give(conn)
+
+    def reply(self, command: Command) -> Any:
+        """One command sent once, its reply (an error reply as its exception)."""
+        source = self.source
+        conn = opened(source)
+        try:
+            written(source, conn, (command,))
+            return read(conn, 1)[0]
+        finally:
+            source.give(conn)
+
+    def call(self, script: Script, command: Command) -> Any:
+        """The hot path of a decision: one exchange; the protocol's way only when the script
+        is missing there (then it is loaded and the call sent again)."""
+        try:
+            reply = self.reply(command)
+        except CLIENT_ERRORS:
+            metrics.redis_error(script.name)
+            raise
+        if isinstance(reply, ResponseError):
+            if missing(reply):
+                return drive(call(script, command, loaded_first=True), self)
+            metrics.redis_error(script.name)
+            raise reply
+        return reply
+
+    def close(self) -> None:
+        super().close()
+        self.source.close()
+
+
+class ClusterTransport(Transport):
+    """A cluster: each group goes to the primary the client's slot table names for its key,
+    through that node's pool; every group is written before any reply is read."""
+
+    def __init__(self, cluster: redis.cluster.RedisCluster) -> None:
+        super().__init__()
+        self.client = cluster
+        self._nodes: dict[str, ServerTransport] = {}
+        self._lock = threading.Lock()
+
+    def node(self, key: Any = None, address: tuple[str, int] | None = None) -> ServerTransport:
+        """The transport of the primary holding ``key`` (or at ``address``); when the slot
+        table cannot say, nothing is sent (read the table again)."""
+        cluster = self.client
+        try:
+            found = (cluster.get_node_from_key(key) if address is None
+                     else cluster.get_node(host=address[0], port=address[1]))
+        except redis.exceptions.SlotNotCoveredError as exc:
+            unsent(exc)
+            raise
+        if found is None:
+            raise unsent(redis.exceptions.ClusterError(f"no cluster node at {address}"))
+        client = cluster.get_redis_connection(found)
+        transport = self._nodes.get(found.name)
+        if transport is None or transport.client is not client:
+            with self._lock:
+                stale = self._nodes.get(found.name)
+                transport = self._nodes[found.name] = ServerTransport(client)
+            if stale is not None:
+                stale.close()
+        return transport
+
+    def send(self, op: Send) -> Replies:
+        """Each node's groups in one write on one connection of its pool. Every connection is
+        opened before anything is written, so a failure to open one sent nothing."""
+        by_node: dict[ServerTransport, list[int]] = {}
+        for n, (key, _group) in enumerate(op.groups):
+            by_node.setdefault(self.node(key, op.address), []).append(n)
+        plan = [(target.source, [c for n in members for c in op.groups[n][1]], members)
+                for target, members in by_node.items()]
+        taken: list[tuple[Any, Connection]] = []
+        try:
+            for source, _commands, _members in plan:
+                taken.append((source, opened(source)))
+            for (source, conn), (_source, commands, _members) in zip(taken, plan, strict=True):
+                written(source, conn, commands)
+            replies: Replies = [[] for _ in op.groups]
+            for (_source, conn), (_s, commands, members) in zip(taken, plan, strict=True):
+                flat, start = read(conn, len(commands)), 0
+                for n in members:
+                    replies[n] = flat[start:start + len(op.groups[n][1])]
+                    start += len(op.groups[n][1])
+            return replies
+        finally:
+            for source, conn in taken:
+                source.give(conn)
+
+    def load(self, op: Load) -> None:
+        """On every primary, each in one exchange."""
+        for node in self.primaries():
+            reply = self.node(address=(node.host, node.port)).send(Send(((None, (op.command,)),)))
+            if isinstance(reply[0][0], Exception):
+                raise reply[0][0]
+
+    def primaries(self) -> list[Any]:
+        # get_nodes() copies redis-py's node table in one step (see connection.primary_nodes)
+        return [n for n in self.client.get_nodes() if n.server_type == redis.cluster.PRIMARY]
+
+    def refresh(self, op: Refresh) -> bool:
+        table_changing(self.client.nodes_manager.initialize, again=True)
+        return True
+
+    def execute(self, op: Execute) -> Any:
+        return table_changing(lambda: self.client.execute_command(*op.args))
+
+    def close(self) -> None:
+        super().close()
+        with self._lock:
+            nodes, self._nodes = list(self._nodes.values()), {}
+        for transport in nodes:
+            transport.close()
+
+
+def table_changing(read: Callable[[], T], again: bool = False) -> T:
+    """``read()``, a redis-py cluster call that iterates the client's node table. While a node
+    fails, redis-py reorders that table from other threads without the lock its readers take
+    (``NodesManager.move_node_to_end_of_cached_nodes``; redis/redis-py#3803 locked the readers
+    in 7.2 but not this writer, up to 8.1 at least; valkey-io/valkey-py#332 is the same race),
+    so the read can raise RuntimeError ("dictionary changed size during iteration"). It is
+    tried once more (``again``), then raised as a ClusterError, a Redis failure like any other
+    (FAIL_OPEN, LockUnavailable), never a bare RuntimeError. tests/test_failover_cluster.py
+    makes the interleaving certain."""
+    try:
+        return read()
+    except RuntimeError as exc:
+        if again:
+            return table_changing(read)
+        raise redis.exceptions.ClusterError(
+            f"redis-py's cluster node table changed while it was read ({exc})") from exc
+
+
+class ClientTransport(Transport):
+    """Any other client object: each command through its ``execute_command`` (its own routing
+    and retry policy apply), for instance a test's transactional wrapper of a real client."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__()
+        self.client = client
+
+    def send(self, op: Send) -> Replies:
+        replies = []
+        for _key, group in op.groups:
+            answered: list[Any] = []
+            for command in group:
+                try:
+                    answered.append(self.client.execute_command(*command))
+                except ResponseError as error:
+                    answered.append(error)
+            replies.append(answered)
+        return replies
+
+
+def transport_for(client: Any) -> Transport:
+    """A transport for ``client``: a redis-py client's pools, or any ``execute_command``."""
+    if isinstance(client, redis.cluster.RedisCluster):
+        return ClusterTransport(client)
+    if isinstance(client, redis.Redis):
+        return ServerTransport(client)
+    return ClientTransport(client)
+
+
+# -- asyncio -------------------------------------------------------------------------------------
+
+class AsyncTransport:
+    """What the asyncio driver performs: each method returns an awaitable."""
+
+    client: Any
+
+    def __init__(self) -> None:
+        self.operations: dict[type, Callable[[Any], Any]] = {
+            Call: self.perform_call, Send: self.send, Load: self.load, Refresh: self.refresh,
+            Clustered: self.clustered, Execute: self.execute, Pause: self.pause,
+            Subscribe: self.subscribe, Listen: self.listen, Unsubscribe: self.unsubscribe,
+            Invoke: self.invoke, Spawn: self.spawn, Join: self.join,
+        }
+
+    def perform(self, operation: Any) -> Any:
+        return self.operations[type(operation)](operation)
+
+    async def clustered(self, op: Clustered) -> bool:
+        return isinstance(self.client, redis.asyncio.cluster.RedisCluster)
+
+    def perform_call(self, op: Call) -> Any:
+        return adrive(call(op.script, op.command), self)
+
+    def call(self, script: Script, command: Command) -> Any:
+        return adrive(call(script, command), self)
+
+    def send(self, op: Send) -> Any:
+        raise NotImplementedError
+
+    async def load(self, op: Load) -> None:
+        first_error(await self.loaded(op))
+
+    def loaded(self, op: Load) -> Any:
+        """The load's reply on every primary (an awaitable of a list)."""
+        return aexchange(self.source, (op.command,))  # type: ignore[attr-defined]
+
+    async def refresh(self, op: Refresh) -> bool:
+        return False
+
+    def execute(self, op: Execute) -> Any:
+        return self.client.execute_command(*op.args)
+
+    # pub/sub: a subscription of its own per wait, closed by Unsubscribe
+    async def subscribe(self, op: Subscribe) -> Any:
+        pubsub = self.client.pubsub()
+        await pubsub.subscribe(op.channel)
+        return pubsub
+
+    @staticmethod
+    def listen(op: Listen) -> Any:
+        return op.subscription.get_message(timeout=op.timeout)
+
+    @staticmethod
+    def unsubscribe(op: Unsubscribe) -> Any:
+        return op.subscription.aclose()
+
+    @staticmethod
+    def pause(op: Pause) -> Any:
+        return asyncio.sleep(op.seconds)
+
+    @staticmethod
+    async def invoke(op: Invoke) -> Any:
+        result = (op.asynchronous or op.sync)(*op.args)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def spawn(self, op: Spawn) -> Spawned:
+        task = asyncio.get_running_loop().create_task(adrive(op.protocol, self))
+        keep_running(task)
+        return Spawned(task, op.stop)
+
+    @staticmethod
+    def join(op: Join) -> Any:
+        spawned: Spawned = op.spawned
+        spawned.stop.set()
+        return spawned.task_ended()
+
+
+async def aexchange(source: Any, commands: Sequence[Command]) -> list[Any]:
+    """The asyncio :func:`opened`, :func:`written` and :func:`read`: ``commands`` sent once in
+    one write on a connection of ``source``, their replies (an error reply as its exception).
+    A failure or a cancellation while sending or reading closes the connection (redis-py's
+    ``send_packed_command`` and ``read_response`` do), and it goes back to ``source``."""
+    try:
+        conn = await source.take()
+    except OPEN_ERRORS as exc:
+        unsent(exc)
+        raise
+    try:
+        await conn.send_packed_command(source.pack(conn, commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as error:
+                replies.append(error)
+        return replies
+    finally:
+        given = source.give(conn)
+        if given is not None:  # shielded: a second cancellation must not lose the connection
+            await asyncio.shield(given)
+
+
+class AsyncPoolSource:
+    """The reference asyncio way to a connection: from the pool, per exchange."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.take = checkout(pool)
+        self.give = pool.release
+
+    @staticmethod
+    def pack(conn: Connection, commands: Sequence[Command]) -> Any:
+        return conn.pack_commands(commands)
+
+
+class AsyncServerTransport(AsyncTransport):
+    """The asyncio twin of :class:`ServerTransport`."""
+
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        super().__init__()
+        self.client = client
+        pool = client.connection_pool
+        self.source: Any = (lean.AsyncKeptConnections(pool) if lean.eligible(pool)
+                            else AsyncPoolSource(pool))
+
+    async def send(self, op: Send) -> Replies:
+        return regroup(op, await aexchange(self.source, flatten(op)))
+
+
+class AsyncClusterTransport(AsyncTransport):
+    """The asyncio twin of :class:`ClusterTransport`: each group is sent by its node's own
+    ``execute_pipeline`` (one write on one connection, never retried), nodes concurrently."""
+
+    def __init__(self, cluster: redis.asyncio.cluster.RedisCluster) -> None:
+        super().__init__()
+        self.client = cluster
+        if not ASYNC_CLUSTER_PUBSUB:
+            self.operations.update({Subscribe: self.poll, Listen: self.polled,
+                                    Unsubscribe: self.unpolled})
+
+    async def send(self, op: Send) -> Replies:
+        await self.client.initialize()  # a new client discovers the cluster before routing
+        pipelines = self.pipelines(op)
+        await asyncio.gather(*self.sent(pipelines))
+        return self.results(pipelines)
+
+    @staticmethod
+    def sent(pipelines: list[tuple[Any, list[Any]]]) -> list[Any]:
+        """Each node's ``execute_pipeline`` of its commands: one write, never retried."""
+        return [node.execute_pipeline(commands) for node, commands in pipelines]
+
+    @staticmethod
+    def results(pipelines: list[tuple[Any, list[Any]]]) -> Replies:
+        return [[command.result for command in commands] for _node, commands in pipelines]
+
+    def pipelines(self, op: Send) -> list[tuple[Any, list[Any]]]:
+        from redis.asyncio.cluster import PipelineCommand
+
+        cluster, found = self.client, []
+        for key, group in op.groups:
+            try:
+                node = (cluster.get_node_from_key(key) if op.address is None
+                        else cluster.get_node(host=op.address[0], port=op.address[1]))
+            except redis.exceptions.SlotNotCoveredError as exc:
+                unsent(exc)
+                raise
+            if node is None:
+                raise unsent(redis.exceptions.ClusterError(f"no cluster node at {op.address}"))
+            found.append((node, [PipelineCommand(i, *command) for i, command in enumerate(group)]))
+        return found
+
+    async def loaded(self, op: Load) -> list[Any]:
+        await self.client.initialize()
+        pipelines = self.everywhere(op)
+        await asyncio.gather(*self.sent(pipelines))
+        return flatten_replies(self.results(pipelines))
+
+    def everywhere(self, op: Load) -> list[tuple[Any, list[Any]]]:
+        """The load as a one-command pipeline for every primary."""
+        from redis.asyncio.cluster import PipelineCommand
+
+        return [(node, [PipelineCommand(0, *op.command)])
+                for node in self.client.get_nodes() if node.server_type == "primary"]
+
+    async def refresh(self, op: Refresh) -> bool:
+        await self.client.nodes_manager.initialize()
+        return True
+
+    # redis-py before 8.0 has no asyncio cluster pub/sub: a wait there wakes every
+    # POLL_INTERVAL instead of on a message (redislua.W004).
+    @staticmethod
+    def poll(op: Subscribe) -> Any:
+        return asyncio.sleep(0)
+
+    @staticmethod
+    def polled(op: Listen) -> Any:
+        return asyncio.sleep(min(op.timeout, POLL_INTERVAL))
+
+    @staticmethod
+    def unpolled(op: Unsubscribe) -> Any:
+        return asyncio.sleep(0)
+
+
+class ThrowawayLoopTransport(AsyncTransport):
+    """An async view under WSGI runs in a loop made for one call (see
+    ``connection.on_throwaway_loop``): every Redis operation runs on the process's sync
+    transport, inline, blocking only that private loop, so no connection is opened per
+    request."""
+
+    def __init__(self, sync: Transport) -> None:
+        super().__init__()
+        self.client = sync.client
+        self.sync = sync
+        for kind in (Call, Send, Load, Refresh, Clustered, Execute, Subscribe, Listen,
+                     Unsubscribe):
+            self.operations[kind] = self.inline
+
+    def inline(self, operation: Any) -> Any:
+        return asyncio.sleep(0, self.sync.perform(operation))
+
+
+def async_transport_for(client: Any) -> AsyncTransport:
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        return AsyncClusterTransport(client)
+    return AsyncServerTransport(client)
+
+
+# -- the process's transports ----------------------------------------------------------------------
+
+_lock = threading.Lock()
+_sync: Transport | None = None
+_pid = os.getpid()
+_async: weakref.WeakKeyDictionary[Any, AsyncTransport] = weakref.WeakKeyDictionary()
+_throwaway: tuple[Transport | None, ThrowawayLoopTransport | None] = (None, None)
+
+
+def get_transport() -> Transport:
+    """The process's sync transport (built from ``REDISLUA["CONNECTION"]`` on first use)."""
+    found = _sync
+    if found is None or _pid != os.getpid():
+        found = _built()
+    return found
+
+
+def _built() -> Transport:
+    global _sync, _pid
+    with _lock:
+        if _pid != os.getpid():  # a forked child: the parent's kept connections are not ours
+            _sync, _pid = None, os.getpid()
+        if _sync is None:
+            _sync = transport_for(get_client())
+        return _sync
+
+
+def get_async_transport() -> AsyncTransport:
+    """The running loop's asyncio transport (the sync one, inline, on a throwaway loop)."""
+    global _throwaway
+    if on_throwaway_loop():
+        sync = get_transport()
+        known, inline = _throwaway
+        if known is not sync or inline is None:
+            inline = ThrowawayLoopTransport(sync)
+            _throwaway = (sync, inline)
+        return inline
+    client = get_async_client()
+    found = _async.get(client)
+    if found is None:
+        found = _async[client] = async_transport_for(client)
+    return found
+
+
+class Unbuilt(Transport):
+    """The process's transport while its client cannot be built (a malformed setting, no
+    cluster node answering; ``connection.get_client`` backs off between tries): every Redis
+    operation tries again and raises the failure where the protocol waits for it, so the
+    protocol's own error handling (FAIL_OPEN, LockUnavailable, RecipeUnavailable) applies."""
+
+    client = None
+
+    def perform(self, operation: Any) -> Any:
+        if type(operation) in REDIS_OPERATIONS:
+            return get_transport().perform(operation)
+        return super().perform(operation)
+
+    def call(self, script: Script, command: Command) -> Any:
+        return get_transport().call(script, command)
+
+
+class AsyncUnbuilt(AsyncTransport):
+    """The asyncio twin of :class:`Unbuilt`."""
+
+    client = None
+
+    def perform(self, operation: Any) -> Any:
+        if type(operation) in REDIS_OPERATIONS:
+            return get_async_transport().perform(operation)
+        return super().perform(operation)
+
+    def call(self, script: Script, command: Command) -> Any:
+        return get_async_transport().call(script, command)
+
+
+REDIS_OPERATIONS = frozenset({Call, Send, Load, Refresh, Clustered, Execute, Subscribe, Listen,
+                              Unsubscribe})
+_UNBUILT = Unbuilt()
+
+
+def current() -> Transport:
+    """The process's sync transport, or :class:`Unbuilt` while its client cannot be built."""
+    try:
+        return get_transport()
+    except CLIENT_ERRORS:
+        return _UNBUILT
+
+
+def acurrent() -> AsyncTransport:
+    """The running loop's asyncio transport, or :class:`AsyncUnbuilt`."""
+    try:
+        return get_async_transport()
+    except CLIENT_ERRORS:
+        return AsyncUnbuilt()
+
+
+def run(protocol: Protocol[T]) -> T:
+    """Run ``protocol`` on the process's sync transport."""
+    return drive(protocol, current())
+
+
+async def arun(protocol: Protocol[T]) -> T:
+    """Run ``protocol`` on the running loop's asyncio transport (found when awaited)."""
+    return await adrive(protocol, acurrent())
+
+
+def run_step(step: Step) -> Any:
+    return drive_step(step, current())
+
+
+async def arun_step(step: Step) -> Any:
+    return await adrive_step(step, acurrent())
+
+
+@on_change_first
+def close() -> None:
+    """Close the process's transports (settings changed; or call it before exiting): kept
+    connections go back to their pools. The next call builds them anew."""
+    global _sync, _throwaway
+    with _lock:
+        dropped, _sync, _throwaway = _sync, None, (None, None)
+        _async.clear()  # their clients are closed on their loops (connection.reset_clients)
+    if dropped is not None:
+        dropped.close()

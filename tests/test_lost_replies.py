@@ -1,0 +1,307 @@
+"""Replies that never arrive, settings that change under a running process, callers cancelled at
+any await: what each leaves behind in Redis and in the process.
+
+- A script whose reply was lost (the server paused past the socket timeout) may have run; it is
+  never sent again, so it is applied at most once: a hit, a capped counter's add, a lock
+  re-entry.
+- A lock re-entry whose reply was lost is given back (by its wait id), so one release still
+  frees the lock, sync and asyncio alike.
+- Changing settings a hundred times never exhausts a connection pool the app shares with the
+  project's cache: every channel dropped returns its connections.
+- ``aacquire`` and ``ahit`` cancelled at each of their await points leave nothing held: no lock,
+  no queued wait, no concurrency slot (a checker reads Redis until it agrees, bounded).
+
+Each runs on the single server and on the 6-node cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.core.cache import caches
+from django.test import override_settings
+from redis.cluster import RedisCluster
+
+from django_redislua import Policy
+from django_redislua.connection import CLIENT_ERRORS, get_client
+from django_redislua.locks import Lock, LockUnavailable
+from django_redislua.recipes import CappedCounter, RecipeUnavailable
+from tests.settings import REDIS_URL, REDISLUA
+
+pytestmark = pytest.mark.topologies
+
+SOCKET_TIMEOUT = 0.4
+BUSY_MS = 1000  # past the socket timeout: the reply of a call sent meanwhile is lost
+
+
+@pytest.fixture
+def short_timeouts() -> Iterator[None]:
+    """The test's topology with a socket timeout the pause outlasts."""
+    from tests.settings import REDISLUA as current  # the topology fixture may have changed it
+
+    with override_settings(REDISLUA={**current, "SOCKET_TIMEOUT": SOCKET_TIMEOUT,
+                                     "SOCKET_CONNECT_TIMEOUT": SOCKET_TIMEOUT}):
+        yield
+
+
+def owner_of(key: str) -> redis.Redis:
+    """The server holding ``key``: the test server, or the cluster primary that owns it."""
+    client = get_client()
+    if isinstance(client, RedisCluster):
+        return client.get_redis_connection(client.get_node_from_key(key))
+    return client
+
+
+def until(condition: Callable[[], bool], seconds: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+# Keeps the server busy for ARGV[1] microseconds on its own clock: every command sent meanwhile
+# waits, and runs once the script ends, after its caller's socket timeout gave up on the reply.
+# (a busy script is not enough: a paused client that disconnects has its command dropped.)
+BUSY = """
+local t = redis.call('TIME')
+local stop = t[1] * 1000000 + t[2] + tonumber(ARGV[1])
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= stop
+return 1
+"""
+
+
+def busy(key: str) -> threading.Thread:
+    """Keep ``key``'s server busy for BUSY_MS from another connection, starting now; the
+    returned thread ends when the server is free again."""
+    node = owner_of(key)
+    started = threading.Event()
+
+    def run() -> None:
+        conn = node.connection_pool.make_connection()
+        try:
+            conn.send_command("EVAL", BUSY, 0, BUSY_MS * 1000)
+            started.set()
+            conn.read_response(timeout=BUSY_MS / 1000 + 5)
+        finally:
+            conn.disconnect()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(5)
+    time.sleep(0.05)  # the script is running once the server has read it
+    return thread
+
+
+# -- a lost reply is never sent again --------------------------------------------------------
+
+def test_a_hit_whose_reply_was_lost_counts_at_most_once(short_timeouts: None) -> None:
+    policy = Policy("lost-hit", rate="100/h", algorithm="fixed_window")
+    assert policy.hit("k").remaining == 99
+    pause = busy(policy.redis_key("k"))
+    with pytest.raises(CLIENT_ERRORS):
+        policy.hit("k")
+    pause.join()
+    assert policy.peek("k").remaining >= 98  # at most one more hit counted
+
+
+async def test_an_async_hit_whose_reply_was_lost_counts_at_most_once(
+        short_timeouts: None) -> None:
+    policy = Policy("lost-ahit", rate="100/h", algorithm="fixed_window")
+    assert (await policy.ahit("k")).remaining == 99
+    pause = busy(policy.redis_key("k"))
+    with pytest.raises(CLIENT_ERRORS):
+        await policy.ahit("k")
+    await asyncio.to_thread(pause.join)
+    assert (await policy.apeek("k")).remaining >= 98
+
+
+def test_a_capped_add_whose_reply_was_lost_adds_at_most_once(short_timeouts: None) -> None:
+    counter = CappedCounter("lost-add", cap=100, ttl="1h")
+    pause = busy(counter.key("k"))
+    with pytest.raises(RecipeUnavailable):
+        counter.add("k", amount=1)
+    pause.join()
+    assert counter.value("k") <= 1
+
+
+async def test_an_async_capped_add_whose_reply_was_lost_adds_at_most_once(
+        short_timeouts: None) -> None:
+    counter = CappedCounter("lost-aadd", cap=100, ttl="1h")
+    pause = busy(counter.key("k"))
+    with pytest.raises(RecipeUnavailable):
+        await counter.aadd("k", amount=1)
+    await asyncio.to_thread(pause.join)
+    assert await counter.avalue("k") <= 1
+
+
+# -- a lost re-entry is given back --------------------------------------------------------------
+
+def count(lock: Lock) -> int:
+    value = owner_of(lock.keys.base).hget(lock.keys.base, "count")
+    return 0 if value is None else int(value)
+
+
+def test_a_reentry_whose_reply_was_lost_is_given_back(short_timeouts: None) -> None:
+    lock = Lock("re", timeout=30, reentrant=True)
+    assert lock.acquire()
+    pause = busy(lock.keys.base)
+    with pytest.raises(LockUnavailable):
+        lock.acquire()  # the re-entry runs on the server after its caller gave up
+    pause.join()
+    until(lambda: count(lock) == 1, what="the lost re-entry given back")
+    lock.release()
+    assert Lock("re", timeout=30).acquire(blocking=False)
+
+
+async def test_an_async_reentry_whose_reply_was_lost_is_given_back(short_timeouts: None) -> None:
+    lock = Lock("are", timeout=30, reentrant=True)
+    assert await lock.aacquire()
+    pause = busy(lock.keys.base)
+    with pytest.raises(LockUnavailable):
+        await lock.aacquire()
+    await asyncio.to_thread(pause.join)
+    await asyncio.to_thread(until, lambda: count(lock) == 1, 5.0, "the re-entry given back")
+    await lock.arelease()
+    assert await Lock("are", timeout=30).aacquire(blocking=False)
+
+
+# -- settings changes return their connections ----------------------------------------------------
+
+ROUNDS = 120
+POOL = 40
+
+
+def test_settings_changes_never_exhaust_a_shared_cache_pool(topology: str) -> None:
+    """The README's deployment: the app reuses the project's cache pool. A test suite that
+    overrides REDISLUA per test must not leak that pool's connections until the cache fails."""
+    if topology == "cluster":
+        pytest.skip("Django's RedisCache does not run on a cluster; see the next test")
+    caches_setting = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                    "LOCATION": REDIS_URL,
+                    "OPTIONS": {"socket_timeout": 0.5, "max_connections": POOL}},
+    }
+    with override_settings(CACHES=caches_setting):
+        cache = caches["default"]
+        cache.set("warm", 1)
+        pool = cache._cache.get_client(write=True).connection_pool  # type: ignore[attr-defined]
+        in_use = len(pool._in_use_connections)
+        for round_ in range(ROUNDS):
+            with override_settings(REDISLUA={**REDISLUA, "CONNECTION": "default",
+                                             "KEY_PREFIX": f"round{round_}"}):
+                assert Policy("leak", rate="5/m", algorithm="gcra").hit("k").allowed
+                cache.set("k", round_)
+        assert cache.get("k") == ROUNDS - 1
+        assert len(pool._in_use_connections) == in_use
+
+
+def connected_clients(client: Any) -> int:
+    nodes = [n for _name, n in __import__(
+        "django_redislua.connection", fromlist=["primary_nodes"]).primary_nodes(client)]
+    return sum(int(node.info("clients")["connected_clients"]) for node in nodes)
+
+
+def test_settings_changes_close_the_connections_they_drop() -> None:
+    """Every topology: the clients and channels a settings change drops close their
+    connections; the servers' connection count stays bounded over many changes."""
+    policy = Policy("churn", rate="5/m", algorithm="gcra")
+    before = None
+    for round_ in range(ROUNDS):
+        with override_settings(REDISLUA={**REDISLUA, "KEY_PREFIX": f"churn{round_}"}):
+            assert policy.hit("k").allowed
+            if round_ == 5:
+                before = connected_clients(get_client())
+    assert before is not None
+    assert connected_clients(get_client()) <= before + 2
+
+
+async def test_async_settings_changes_close_the_connections_they_drop() -> None:
+    policy = Policy("achurn", rate="5/m", algorithm="gcra")
+    before = None
+    for round_ in range(ROUNDS):
+        with override_settings(REDISLUA={**REDISLUA, "KEY_PREFIX": f"achurn{round_}"}):
+            assert (await policy.ahit("k")).allowed
+            if round_ == 5:
+                before = await asyncio.to_thread(connected_clients, get_client())
+        await asyncio.sleep(0)  # a dropped client closes on this loop
+    assert before is not None
+    await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(connected_clients, get_client()) <= before + 2
+
+
+# -- cancelled at every await point -------------------------------------------------------------
+
+async def cancelled_at_each_await(operation: Callable[[], Awaitable[Any]],
+                                  clean: Callable[[], bool], most: int = 400,
+                                  step: float = 0.0) -> int:
+    """Start ``operation`` and cancel it after 0, 1, 2... turns of the event loop (each turn
+    ``step`` seconds, for an operation that waits), until it finishes first; after each
+    cancellation ``clean()`` must hold within a second (the clean-up may finish in the
+    background). Returns how many points were cancelled."""
+    for turns in range(most):
+        task = asyncio.ensure_future(operation())
+        for _ in range(turns):
+            await asyncio.sleep(step)
+        if task.done():
+            await task
+            return turns
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        deadline = time.monotonic() + 1.0
+        while not clean():
+            assert time.monotonic() < deadline, f"state left after a cancel at turn {turns}"
+            await asyncio.sleep(0.005)
+    raise AssertionError(f"the operation never finished within {most} turns")
+
+
+async def test_a_cancelled_aacquire_leaves_nothing_held() -> None:
+    holder = Lock("cancel", timeout=30)
+    base = holder.keys.base
+
+    def clean() -> bool:
+        node = owner_of(base)
+        return not node.exists(base) and node.zcard(holder.keys.sub("queue")) == 0
+
+    points = await cancelled_at_each_await(lambda: Lock("cancel", timeout=30).aacquire(),
+                                           clean)
+    assert points > 0
+    # and with the lock held: a queued wait, withdrawn on every way out
+    assert await holder.aacquire()
+
+    def withdrawn() -> bool:
+        node = owner_of(base)
+        return node.zcard(holder.keys.sub("queue")) == 0 and node.hget(base, "owner") == \
+            holder.owner.encode()
+
+    await cancelled_at_each_await(
+        lambda: Lock("cancel", timeout=30).aacquire(blocking_timeout=0.05), withdrawn,
+        step=0.002)
+    await holder.arelease()
+
+
+async def test_a_cancelled_reentry_leaves_the_count_as_it_was() -> None:
+    lock = Lock("cancel-re", timeout=30, reentrant=True)
+    assert await lock.aacquire()
+
+    async def reenter_and_release() -> None:
+        await lock.aacquire()
+        await lock.arelease()
+
+    await cancelled_at_each_await(reenter_and_release, lambda: count(lock) == 1)
+    await lock.arelease()
+    assert not await lock.alocked()
+
+
+async def test_a_cancelled_ahit_leaves_no_concurrency_slot() -> None:
+    policy = Policy("cancel-slot", algorithm="concurrency", limit=5, timeout="10m")
+    key = policy.redis_key("k")
+    await cancelled_at_each_await(lambda: policy.ahit("k"),
+                                  lambda: owner_of(key).zcard(key) == 0)
