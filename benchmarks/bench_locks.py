@@ -1,7 +1,7 @@
 """Lock benchmark: hand-off, uncontended acquire+release and contention, against peers, one run.
 
     .venv/bin/python benchmarks/bench_locks.py [--handoffs 50] [--cycles 2000] [--rounds 9]
-        [--threads 8] [--round-seconds 1] [--per-thread 2000]
+        [--threads 8] [--round-seconds 1] [--per-thread 2000] [--reference]
 
 Uses REDIS_URL if set, else starts its own loopback server (django_redislua.testing.RedisServer).
 Peers in the same process and run: our ``Lock``, redis-py's ``Lock`` (default 0.1 s sleep between
@@ -49,13 +49,18 @@ SEED = 20240601
 SETTLE = 0.02  # after the waiter is parked on the server, for it to sit in its blocking read
 
 
+REFERENCE_ENV = "REDISLUA_BENCH_REFERENCE"
+
+
 def setup_django(url: str) -> None:
     import django
     from django.conf import settings
 
     settings.configure(INSTALLED_APPS=["django_redislua"],
                        REDISLUA={"CONNECTION": url, "SOCKET_TIMEOUT": 5,
-                                 "METRICS": []})  # the peers record none
+                                 "METRICS": [],  # the peers record none
+                                 # --reference: ours without the lean transport
+                                 "LEAN_CALLS": os.environ.get(REFERENCE_ENV) != "1"})
     django.setup()
 
 
@@ -308,7 +313,11 @@ def main() -> None:
                         help="length of a contention round")
     parser.add_argument("--per-thread", type=int, default=2000,
                         help="... unless threads x this many acquisitions come first")
+    parser.add_argument("--reference", action="store_true",
+                        help="ours on the reference transport (REDISLUA LEAN_CALLS=False)")
     options = parser.parse_args()
+    if options.reference:
+        os.environ[REFERENCE_ENV] = "1"
     rng = random.Random(SEED)
     began = time.monotonic()
     with running_server() as url:

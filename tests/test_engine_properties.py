@@ -235,3 +235,36 @@ def test_large_magnitudes_match_model(algorithm: str, data: st.DataObject,
         now += data.draw(steps(period_us))
         cost = data.draw(st.integers(1, top) | st.just(top))
         run_step(client, tx, [(policy, model, "who", cost)], now, data.draw(st.booleans()))
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "concurrency"])
+@PROPERTY_SETTINGS
+@given(data=st.data())
+def test_single_and_multi_policy_scripts_clamp_alike(algorithm: str, data: st.DataObject) -> None:
+    """One clamping rule for both scripts (lib/clamp.lua): on random states, a peek through the
+    algorithm's own script and through ratelimit.lua (the same check beside another) answer the
+    same Decision, including with a limit lowered below what was already used, where the
+    remaining quota would be negative."""
+    client = get_client()
+    assert isinstance(client, redis.Redis)
+    client.flushall()
+    denials.forget()
+    tx = TransactionalClient(client)
+    period_s = data.draw(st.sampled_from(PERIODS_S))
+    high = make_policy("clamp", algorithm, data.draw(st.integers(2, 9)), period_s, None)
+    low = high.with_rate(f"{data.draw(st.integers(1, high.limit - 1))}/{period_s}s")
+    other = Policy("clamp-other", rate="9/m", algorithm="fixed_window")
+    now = BASE_US
+    for _ in range(data.draw(st.integers(1, 8))):
+        now += data.draw(steps(period_s * 1_000_000))
+        evaluate([(high, "who", data.draw(st.integers(1, high.limit)))], now_us=now,
+                 client=tx)  # type: ignore[arg-type]
+    now += data.draw(st.integers(0, 2_000))
+    probe = data.draw(st.sampled_from([high, low]))
+    cost = data.draw(st.integers(1, probe.limit))
+    single = evaluate([(probe, "who", cost)], peek=True, now_us=now,
+                      client=tx)[0]  # type: ignore[arg-type]
+    multi = evaluate([(probe, "who", cost), (other, "elsewhere", 1)], peek=True, now_us=now,
+                     client=tx)[0]  # type: ignore[arg-type]
+    assert single[:5] == multi[:5]  # allowed, limit, remaining, reset_after, retry_after
+    assert single.remaining >= 0

@@ -78,8 +78,9 @@ return 1
 
 
 def busy(key: str) -> threading.Thread:
-    """Keep ``key``'s server busy for BUSY_MS from another connection, starting now; the
-    returned thread ends when the server is free again."""
+    """Keep ``key``'s server busy for BUSY_MS from another connection, starting now; returns
+    once the server is running the script (a probe's PING goes unanswered), with the thread
+    that ends when the server is free again."""
     node = owner_of(key)
     started = threading.Event()
 
@@ -95,7 +96,19 @@ def busy(key: str) -> threading.Thread:
     thread = threading.Thread(target=run)
     thread.start()
     assert started.wait(5)
-    time.sleep(0.05)  # the script is running once the server has read it
+    kwargs = {**node.connection_pool.connection_kwargs, "socket_timeout": 0.05,
+              "socket_connect_timeout": 0.05}
+    deadline = time.monotonic() + 5
+    while True:  # a checker, not a sleep: answered means the script has not started yet
+        probe = redis.Redis(connection_pool=redis.ConnectionPool(**kwargs))
+        try:
+            probe.ping()
+        except redis.TimeoutError:
+            break
+        finally:
+            probe.close()
+        assert time.monotonic() < deadline, "the busy script never started"
+        time.sleep(0.005)
     return thread
 
 
@@ -270,8 +283,12 @@ async def test_a_cancelled_aacquire_leaves_nothing_held() -> None:
         node = owner_of(base)
         return not node.exists(base) and node.zcard(holder.keys.sub("queue")) == 0
 
-    points = await cancelled_at_each_await(lambda: Lock("cancel", timeout=30).aacquire(),
-                                           clean)
+    async def acquire_and_release() -> None:
+        lock = Lock("cancel", timeout=30)
+        assert await lock.aacquire()
+        await lock.arelease()
+
+    points = await cancelled_at_each_await(acquire_and_release, clean)
     assert points > 0
     # and with the lock held: a queued wait, withdrawn on every way out
     assert await holder.aacquire()

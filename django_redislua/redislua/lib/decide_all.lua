@@ -21,20 +21,22 @@ local function decide_all(KEYS, ARGV)
     if allowed == nil then
       return redis.error_reply('ERR redislua: unknown algorithm ' .. tostring(ARGV[3 + 6 * (i - 1)]))
     end
+--#include lib/clamp.lua
     reply[4 * i - 3] = allowed and 1 or 0
-    reply[4 * i - 2] = math.max(0, remaining)
-    reply[4 * i - 1] = math.max(0, reset)
-    reply[4 * i] = math.max(0, retry)
+    reply[4 * i - 2] = remaining
+    reply[4 * i - 1] = reset
+    reply[4 * i] = retry
     if not allowed and ARGV[3 + 6 * (i - 1) + 5] == '1' then gates_allow = false end
   end
   if hit then
     for i = 1, #KEYS do
       local gate = ARGV[3 + 6 * (i - 1) + 5] == '1'
       if reply[4 * i - 3] == 1 and (gates_allow or not gate) then
-        local allowed, remaining, reset, retry = decide(i, true)
-        reply[4 * i - 2] = math.max(0, remaining)
-        reply[4 * i - 1] = math.max(0, reset)
-        reply[4 * i] = math.max(0, retry)
+        local _, remaining, reset, retry = decide(i, true)
+--#include lib/clamp.lua
+        reply[4 * i - 2] = remaining
+        reply[4 * i - 1] = reset
+        reply[4 * i] = retry
       end
     end
   end
