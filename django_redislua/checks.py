@@ -16,16 +16,68 @@ from django.utils.module_loading import import_string
 
 from django_redislua.conf import DEFAULTS, HEADER_MODES, valid_claim_window
 from django_redislua.limiting.policy import POLICY_OPTIONS, PolicyError
-from django_redislua.limiting.registry import build_policy
+from django_redislua.limiting.registry import broken_in_settings, build_policy
 from django_redislua.links import check_url
 from django_redislua.request_layer import rule_for_name
 from django_redislua.transport import ASYNC_CLUSTER_PUBSUB, POLL_INTERVAL
 from django_redislua.urlconf import url_views, view_targets
 
+# What to do about each check, said in its hint before the link to its docs entry (as Django's
+# own checks do); docs/checks.md has the same fixes, longer.
+FIXES = {
+    "redislua.E001": "Write REDISLUA = {...} (a dict) in your settings.",
+    "redislua.E002": "Name a CACHES alias, or use a URL: redis://host:port/db, rediss://, "
+                     "unix:///path, redis+cluster://host:port or "
+                     "redis+sentinel://host:port/service.",
+    "redislua.E003": "Point it at a cache whose BACKEND is "
+                     "django.core.cache.backends.redis.RedisCache or "
+                     "django_redis.cache.RedisCache, or use a URL.",
+    "redislua.E004": "Give each policy a name and a dict of options, e.g. "
+                     "\"POLICIES\": {\"api\": {\"rate\": \"100/m\"}}.",
+    "redislua.E005": "Use one of fixed_window, sliding_log, sliding_window, token_bucket, "
+                     "leaky_bucket, gcra, concurrency.",
+    "redislua.E006": "Write a rate as \"5/m\", \"100/10s\", \"1000/day\" or \"3/15m\" "
+                     "(units s, m, h, d, or sec, min, hour, day), or give a callable "
+                     "(request) -> str | None or its dotted path.",
+    "redislua.E007": "Give burst (a whole number >= 1) to token_bucket, leaky_bucket or gcra "
+                     "only, small enough for the bucket to count exactly.",
+    "redislua.E008": "Use ip, user, user_or_ip, header:<name>, get:<param>, post:<param>, a "
+                     "callable or its dotted path.",
+    "redislua.E009": "Write a duration in seconds (30) or as \"500ms\", \"30s\", \"10m\", "
+                     "\"1h\", \"1d\"; it must be longer than zero.",
+    "redislua.E010": "A concurrency policy takes limit (and timeout): {\"algorithm\": "
+                     "\"concurrency\", \"limit\": 2, \"timeout\": \"10m\"}; rate policies "
+                     "take rate, and a cost no larger than their capacity.",
+    "redislua.E011": "List HTTP method names: \"methods\": [\"POST\"].",
+    "redislua.E012": "Use \"ietf\", \"legacy\", \"both\" or None.",
+    "redislua.E013": "Use True (allow requests when Redis is down) or False (answer 503).",
+    "redislua.E014": "Give the number of proxies that append to X-Forwarded-For (0 uses "
+                     "REMOTE_ADDR).",
+    "redislua.E015": "Use a prefix length: IPV4_MASK 1-32 (e.g. 32), IPV6_MASK 1-128 (e.g. 64).",
+    "redislua.E016": "Use a non-empty string without braces or whitespace, e.g. \"rl\" or "
+                     "\"myapp:rl\".",
+    "redislua.E017": "Write a list of dicts, each with \"policy\" and \"path\" or \"name\": "
+                     "[{\"path\": \"/api/\", \"policy\": \"api\"}].",
+    "redislua.E018": "Give the dotted path of a view function (request, exception) -> response.",
+    "redislua.E019": "Use a number of seconds > 0 (e.g. 0.5) or None; CONNECTION_OPTIONS is a "
+                     "dict of redis-py keyword arguments.",
+    "redislua.E020": "Use a rate (\"100/day\", \"5/10s\") or None for no limit.",
+    "redislua.E021": "Add the policy to REDISLUA[\"POLICIES\"], or fix the name.",
+    "redislua.E022": "Add the scope to REST_FRAMEWORK[\"DEFAULT_THROTTLE_RATES\"] with a rate "
+                     "(or None for no limit).",
+    "redislua.E023": "Use a number of seconds > 0 and at most 60, e.g. 1.0.",
+    "redislua.E024": "Use True or False (not a string such as \"false\").",
+    "redislua.E025": "Use \"auto\", a list of \"prometheus\" and/or \"opentelemetry\" "
+                     "(installed), or [] for none.",
+    "redislua.E026": "Use \"mode\": \"enforce\" (the default) or \"shadow\".",
+    "redislua.E027": "Use a long random string (secrets.token_urlsafe(32)), read from the "
+                     "environment, or None for staff sessions only.",
+}
+
 
 def _error(check_id: str, msg: str, hint: str | None = None) -> Error:
     see = f"See {check_url(check_id)}"
-    return Error(msg, hint=f"{hint} {see}" if hint else see, id=check_id)
+    return Error(msg, hint=f"{hint or FIXES[check_id]} {see}", id=check_id)
 
 
 def _connection(config: dict[str, Any]) -> list[CheckMessage]:
@@ -175,6 +227,12 @@ def _scalars(config: dict[str, Any]) -> list[CheckMessage]:
             )
         )
     messages.extend(_metrics(config.get("METRICS", DEFAULTS["METRICS"])))
+    token = config.get("METRICS_TOKEN")
+    if token is not None and not (isinstance(token, str) and len(token) >= 16):
+        messages.append(_error(
+            "redislua.E027", "REDISLUA['METRICS_TOKEN'] must be None or a string of at least 16 "
+            f"characters, not a {type(token).__name__}" + (
+                f" of {len(token)}" if isinstance(token, str) else "") + "."))
     for name in ("LOCAL_DENY", "LEAN_CALLS", "ENABLED"):
         value = config.get(name, DEFAULTS[name])
         if not isinstance(value, bool):
@@ -337,7 +395,8 @@ def _throttle_errors(drf: Any, given: object, view_class: Any) -> list[PolicyErr
         return [error] if error is not None else []
     if issubclass(cls, drf.PolicyThrottle) and view_class is not None:
         names = getattr(view_class, cls.policy_attr, None) or ()
-        rules = [rule_for_name(name) for name in ([names] if isinstance(names, str) else names)]
+        names = [names] if isinstance(names, str) else names
+        rules = [rule_for_name(name) for name in names if not broken_in_settings(name)]
         return [rule for rule in rules if isinstance(rule, PolicyError)]
     return []
 
@@ -367,3 +426,39 @@ def check_views(**kwargs: Any) -> list[CheckMessage]:
     if not isinstance(config, dict) or not isinstance(config.get("POLICIES", {}), dict):
         return []  # check_settings reports it; policies cannot be looked up
     return [*_decorated_views(), *_drf_throttles()]
+
+
+@register(Tags.compatibility, deploy=True)
+def check_reachable(**kwargs: Any) -> list[CheckMessage]:
+    """``manage.py check --deploy`` only (every other check runs offline): connect to Redis the
+    way the app will, and warn with the cause when it cannot. With FAIL_OPEN a wrong password
+    or an unreachable server turns every limit off silently, which a deploy should hear of."""
+    from django_redislua.conf import settings as redislua_settings
+    from django_redislua.connection import (
+        CLIENT_ERRORS,
+        ConnectionConfigError,
+        primary_nodes,
+        redacted_url,
+    )
+
+    config = getattr(django_settings, "REDISLUA", {})
+    if not isinstance(config, dict):
+        return []  # check_settings reports it
+    try:
+        for _name, node in primary_nodes():
+            node.ping()
+    except ConnectionConfigError:
+        return []  # check_settings reports it
+    except CLIENT_ERRORS as exc:
+        effect = ("every rate limit is off (FAIL_OPEN=True: requests are allowed and logged)"
+                  if redislua_settings.FAIL_OPEN else
+                  "every limited request is answered 503 (FAIL_OPEN=False)")
+        return [Warning(
+            f"Redis cannot be reached at {redacted_url(redislua_settings.CONNECTION)!r} "
+            f"({type(exc).__name__}: {exc}); until it can, {effect}, and locks raise "
+            "LockUnavailable.",
+            hint="Check the address, the password or ACL user, TLS and the firewall of "
+                 f"REDISLUA['CONNECTION']. See {check_url('redislua.W005')}",
+            id="redislua.W005",
+        )]
+    return []

@@ -47,6 +47,9 @@ DEFAULTS: dict[str, Any] = {
     # "auto": record metrics in prometheus_client and/or OpenTelemetry, whichever is installed;
     # or a list of "prometheus", "opentelemetry"; [] for none. See django_redislua/metrics.py.
     "METRICS": "auto",
+    # The bearer token a Prometheus scrape sends to the /metrics view (django_redislua.urls);
+    # None: staff sessions only.
+    "METRICS_TOKEN": None,
 }
 
 HEADER_MODES = ("ietf", "legacy", "both", None)
@@ -183,6 +186,12 @@ class Settings:
     def METRICS(self) -> Any:
         # checks.py reports a value that is not "auto" or a list of backends as redislua.E025.
         return _merged()["METRICS"]
+
+    @property
+    def METRICS_TOKEN(self) -> str | None:
+        # checks.py reports a value that is not a string of 16+ characters as redislua.E027.
+        value = _merged()["METRICS_TOKEN"]
+        return value if isinstance(value, str) and len(value) >= 16 else None
 
     @property
     def LOCAL_DENY(self) -> bool:

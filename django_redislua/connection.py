@@ -79,13 +79,14 @@ class RedisUnavailable(redis.ConnectionError):
 
 
 # Every way a call through the client can fail: redis-py's own families (RedisClusterException is
-# not a RedisError), raw socket errors, and a connection setting that cannot be resolved. The
-# request layer's FAIL_OPEN guard catches exactly these.
+# not a RedisError), raw socket errors, and a setting that cannot be resolved (a connection
+# setting, or the app missing from INSTALLED_APPS: ImproperlyConfigured, saying what to fix).
+# The request layer's FAIL_OPEN guard catches exactly these.
 CLIENT_ERRORS: tuple[type[BaseException], ...] = (
     redis.RedisError,
     redis.exceptions.RedisClusterException,
     OSError,
-    ConnectionConfigError,
+    ImproperlyConfigured,
 )
 # Seconds a failed client build is remembered: an outage costs one connection attempt per
 # second per process, not one per request (a cluster's discovery contacts every startup node).
@@ -143,13 +144,13 @@ def _split_hostport(url: str, hostport: str, default_port: int) -> tuple[str, in
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ConnectionConfigError(
             "redislua.E002",
-            f"REDISLUA['CONNECTION'] URL {_redact(url)!r}: port {port!r} is not a number from 1 "
-            "to 65535.",
+            f"REDISLUA['CONNECTION'] URL {redacted_url(url)!r}: port {port!r} is not a number "
+            "from 1 to 65535.",
         )
     return host, int(port)
 
 
-def _redact(url: str) -> str:
+def redacted_url(url: str) -> str:
     """The URL with any password replaced, for error messages and logs."""
     parts = urlsplit(url)
     if parts.password is None:
@@ -175,7 +176,8 @@ def parse_url(url: str, extra: dict[str, Any] | None = None) -> Endpoint:
     if scheme not in URL_SCHEMES:
         raise ConnectionConfigError(
             "redislua.E002",
-            f"{_redact(url)!r} has the scheme {scheme!r}; use one of {', '.join(URL_SCHEMES)}.",
+            f"{redacted_url(url)!r} has the scheme {scheme!r}; use one of "
+            f"{', '.join(URL_SCHEMES)}.",
         )
     options, sentinel_options = _client_options(extra or {})
     base_scheme = scheme.split("+")[0]
@@ -186,7 +188,7 @@ def parse_url(url: str, extra: dict[str, Any] | None = None) -> Endpoint:
         if not netloc or not path:
             raise ConnectionConfigError(
                 "redislua.E002",
-                f"Sentinel URL {_redact(url)!r} must look like "
+                f"Sentinel URL {redacted_url(url)!r} must look like "
                 "redis+sentinel://[:password@]host:port[,host:port]/service_name[/db].",
             )
         sentinels = [_split_hostport(url, hostport, 26379) for hostport in netloc.split(",")]
@@ -198,7 +200,7 @@ def parse_url(url: str, extra: dict[str, Any] | None = None) -> Endpoint:
             if not path[1].isdigit():
                 raise ConnectionConfigError(
                     "redislua.E002",
-                    f"Sentinel URL {_redact(url)!r}: db {path[1]!r} is not a number.",
+                    f"Sentinel URL {redacted_url(url)!r}: db {path[1]!r} is not a number.",
                 )
             options.setdefault("db", int(path[1]))
         for name, values in query.items():  # the Sentinels' own credentials, else data options
@@ -215,17 +217,17 @@ def parse_url(url: str, extra: dict[str, Any] | None = None) -> Endpoint:
     if scheme != "unix":
         if not parts.hostname:
             raise ConnectionConfigError(
-                "redislua.E002", f"REDISLUA['CONNECTION'] URL {_redact(url)!r} has no host."
+                "redislua.E002", f"REDISLUA['CONNECTION'] URL {redacted_url(url)!r} has no host."
             )
         _split_hostport(url, netloc, 6379)
         db = parts.path.strip("/")
         if db and not db.isdigit():
             raise ConnectionConfigError(
-                "redislua.E002", f"URL {_redact(url)!r}: the database {db!r} is not a number."
+                "redislua.E002", f"URL {redacted_url(url)!r}: the database {db!r} is not a number."
             )
     elif not parts.path:
         raise ConnectionConfigError(
-            "redislua.E002", f"unix URL {_redact(url)!r} names no socket path."
+            "redislua.E002", f"unix URL {redacted_url(url)!r} names no socket path."
         )
     if scheme.endswith("+cluster"):
         return Endpoint("cluster", url.replace(parts.scheme, base_scheme, 1), options)

@@ -25,7 +25,7 @@ from django.views import View
 
 from django_redislua.limiting.decision import PolicyError
 from django_redislua.limiting.policy import Policy
-from django_redislua.limiting.registry import get_policy
+from django_redislua.limiting.registry import broken_in_settings, get_policy
 from django_redislua.request_layer import (
     Rule,
     RuleOrError,
@@ -70,8 +70,12 @@ class Spec:
         ).hexdigest()[:8]
 
     def error(self) -> PolicyError | None:
-        """What is wrong with these arguments, or None; the system checks call this."""
+        """What is wrong with these arguments, or None; the system checks call this. A policy
+        of ``REDISLUA["POLICIES"]`` that is broken itself is left to the settings check, which
+        reports it once for every view that uses it."""
         if self.policy_name is not None:
+            if broken_in_settings(self.policy_name):
+                return None
             result = rule_for_name(self.policy_name, **self.options)
         else:
             options = self.options
@@ -237,6 +241,28 @@ def _decorate_class(cls: type[View], spec: Spec) -> type[View]:
     return cls
 
 
+# Arguments of other rate limiters' decorators, and what this one calls them.
+RENAMED = {"method": "methods", "ratelimit_key": "key", "keys": "key", "scope": "group"}
+
+
+def _unknown_arguments(unknown: dict[str, Any]) -> str:
+    hints = []
+    for name in sorted(unknown):
+        known = RENAMED.get(name)
+        if name == "method":
+            value = unknown[name]
+            methods = [value] if isinstance(value, str) else value
+            hints.append(f"method={value!r} is django-ratelimit's spelling: write "
+                         f"methods={list(methods)!r} (or use django_redislua.compat.ratelimit, "
+                         "which takes django-ratelimit's arguments as they are)")
+        elif known is not None:
+            hints.append(f"{name}= is called {known}= here")
+        else:
+            hints.append(f"{name}= is not an argument of ratelimit()")
+    arguments = "policy, rate, key, algorithm, methods, block, cost, burst, limit, timeout, group"
+    return f"ratelimit(): {'; '.join(hints)}. Its arguments: {arguments}."
+
+
 def ratelimit(
     policy: str | None = None,
     *,
@@ -250,6 +276,7 @@ def ratelimit(
     limit: int | None = None,
     timeout: float | str | None = None,
     group: str | None = None,
+    **unknown: Any,
 ) -> Callable[[ViewT], ViewT]:
     """Limit a view by a policy from ``REDISLUA["POLICIES"]`` or an inline one.
 
@@ -259,7 +286,19 @@ def ratelimit(
     sharing a group share the counter). Works on sync and ``async def`` views, on class-based
     views (decorate the class, or ``method_decorator``), and stacked: one script call decides
     every ``@ratelimit`` of the view, all-or-nothing.
+
+    A mistake a check could only find at request time is refused here, when the view module is
+    imported: ``@ratelimit`` without its parentheses, and an argument it does not take
+    (django-ratelimit's ``method=``, for one).
     """
+    if callable(policy):
+        raise TypeError(
+            f"@ratelimit needs its arguments: it was applied bare to {policy!r}. Write "
+            "@ratelimit(\"policy-name\") for a policy in REDISLUA['POLICIES'], or an inline "
+            "one such as @ratelimit(rate=\"10/m\", key=\"ip\")."
+        )
+    if unknown:
+        raise TypeError(_unknown_arguments(unknown))
     given = {
         "rate": rate, "key": key, "algorithm": algorithm, "methods": methods, "block": block,
         "cost": cost, "burst": burst, "limit": limit, "timeout": timeout,

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from rest_framework.request import Request
     from rest_framework.views import APIView
 
+from django_redislua import reporting
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.headers import rate_limit_headers
@@ -118,6 +119,8 @@ def _decide(
     decisions: list[Decision | None]
     try:
         decisions = list(evaluate(checks, now_us=now_us, soft=soft))
+        if reporting._failing:
+            reporting.report_recovery()
     except CLIENT_ERRORS as exc:
         admit = report_failure(checks, exc)  # one warning a minute, not one per request
         if isinstance(exc, PartlyDecided):  # refused anyway, by a rule decided without Redis

@@ -17,69 +17,14 @@ nothing, and one without Django settings loads it harmlessly.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
-    import redis
-
+    from django_redislua.test import RedisLuaFixture
     from django_redislua.testing import RedisServer
-
-
-class RedisLuaFixture:
-    """What the ``redislua`` fixture gives a test."""
-
-    def __init__(self, server: RedisServer) -> None:
-        self.server = server
-        self.url = server.url
-        self._client: redis.Redis | None = None
-
-    @property
-    def client(self) -> redis.Redis:
-        """A client of the throwaway server, for a test's own look at the keys."""
-        if self._client is None:
-            self._client = self.server.client()
-        return self._client
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock of every rate-limit decision this process makes ``seconds`` ahead:
-        a window or a bucket refills as if that time had passed. Locks keep Redis's time."""
-        from django_redislua.limiting import clock
-
-        clock.advance(seconds)
-
-    def reset(self) -> None:
-        """Forget every limit: delete every rate-limit key, and this process's cached denials.
-        Locks and other keys stay."""
-        from django_redislua.limiting import denials
-        from django_redislua.limiting.inspect import parse_key
-
-        limits = [key for key in self.client.scan_iter(count=1000)
-                  if parse_key(key.decode() if isinstance(key, bytes) else key) is not None]
-        if limits:
-            self.client.delete(*limits)
-        denials.forget()
-
-    def flush(self) -> None:
-        """Empty the throwaway server (keys, scripts, functions) and return to Redis's clock."""
-        from redis.exceptions import ResponseError
-
-        from django_redislua.limiting import clock, denials
-
-        self.client.flushall()
-        self.client.script_flush()
-        with contextlib.suppress(ResponseError):  # Redis 6 has no Functions (nor FUNCTION FLUSH)
-            self.client.function_flush()
-        denials.forget()
-        clock.reset()
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
 
 @pytest.fixture(scope="session")
@@ -101,20 +46,23 @@ def redislua(redislua_server: RedisServer) -> Iterator[RedisLuaFixture]:
     """This test's limits live on the throwaway server, emptied before and after it."""
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
-    from django.test import override_settings
+
+    from django_redislua.test import limits_on
 
     try:
-        current: Any = getattr(settings, "REDISLUA", {})
+        getattr(settings, "REDISLUA", {})
     except ImproperlyConfigured as exc:
         pytest.fail(f"the redislua fixture needs Django settings (pytest-django's "
                     f"DJANGO_SETTINGS_MODULE): {exc}", pytrace=False)
-    fixture = RedisLuaFixture(redislua_server)
-    fixture.flush()
-    config = {**(current if isinstance(current, dict) else {}),
-              "CONNECTION": redislua_server.url, "CONNECTION_OPTIONS": {}, "ENABLED": True}
-    with override_settings(REDISLUA=config):
-        try:
-            yield fixture
-        finally:
-            fixture.flush()
-            fixture.close()
+    with limits_on(redislua_server) as fixture:
+        yield fixture
+
+
+def __getattr__(name: str) -> Any:
+    # RedisLuaFixture lives in django_redislua.test (no pytest there, for manage.py test);
+    # imported on demand, so importing the plugin still imports nothing but pytest.
+    if name == "RedisLuaFixture":
+        from django_redislua.test import RedisLuaFixture
+
+        return RedisLuaFixture
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from django.core.exceptions import ImproperlyConfigured
+
 from django_redislua.conf import settings
 from django_redislua.links import check_url
 
@@ -55,15 +57,32 @@ def report_outage(exc: BaseException, *, fail_open: bool | None = None,
     ``fail_open`` and ``denied_as`` say what the caller does about it (compat follows
     ``RATELIMIT_FAIL_OPEN`` and limits the request instead of answering 503).
     """
+    global _failing
+    _failing += 1
     held = _log_gate.due("outage")
     if held is None:
         return
     opened = settings.FAIL_OPEN if fail_open is None else fail_open
+    what = ("Rate limiting is misconfigured" if isinstance(exc, ImproperlyConfigured)
+            else "Redis is unreachable for rate limiting")
     logger.warning(
-        "Redis is unreachable for rate limiting (%s: %s); FAIL_OPEN=%s so requests are %s. "
+        "%s (%s: %s); FAIL_OPEN=%s so requests are %s. "
         "%d similar failures were not logged since the last warning.",
-        type(exc).__name__, exc, opened, "allowed" if opened else denied_as, held,
+        what, type(exc).__name__, exc, opened, "allowed" if opened else denied_as, held,
     )
+
+
+# Decisions that failed since rate limiting last worked (0: it works): recovery is said once.
+_failing = 0
+
+
+def report_recovery() -> None:
+    """A decision succeeded: if an outage was reported, say once that limits apply again."""
+    global _failing
+    if _failing:
+        failed, _failing = _failing, 0
+        logger.warning("Rate limiting decides again: Redis answered after %d failed decisions; "
+                       "limits apply again.", failed)
 
 
 def report_broken(exc: PolicyError) -> None:

@@ -22,7 +22,7 @@ from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
-from django_redislua import metrics
+from django_redislua import metrics, reporting
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.headers import rate_limit_headers
@@ -262,6 +262,8 @@ def deciding(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any
                                            metrics.sinks())) if checks else []
     except CLIENT_ERRORS as exc:
         return _failed(request, applied, checks, exc)
+    if reporting._failing:
+        reporting.report_recovery()
     outcome = _record(request, applied, decisions)
     for decision in decisions:
         if not decision.allowed:

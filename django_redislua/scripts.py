@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from django_redislua import conf
 from django_redislua.conf import settings
@@ -48,6 +51,12 @@ LIBRARY_PREFIX = "redislua_"
 
 KeyArg = str | bytes
 Arg = str | bytes | int | float
+
+
+class AppNotInstalled(ImproperlyConfigured):
+    """The app is used (a limit, a lock) but ``django_redislua`` is not in INSTALLED_APPS. No
+    system check can say it (checks are registered by the app's own ``ready()``): the first
+    use does; a request follows FAIL_OPEN, as for any failure of the limiter."""
 
 
 class ScriptError(Exception):
@@ -163,6 +172,13 @@ class Registry:
         try:
             return self.all()[name]
         except KeyError:
+            if name.startswith("django_redislua.") and not apps.is_installed("django_redislua"):
+                raise AppNotInstalled(
+                    "django_redislua is not in INSTALLED_APPS: its scripts, system checks and "
+                    "admin page are only found when it is. Add \"django_redislua\" to "
+                    "INSTALLED_APPS in your settings (see "
+                    "https://django-redislua.readthedocs.io/en/latest/quickstart.html)."
+                ) from None
             known = ", ".join(sorted(self.all())) or "none"
             raise ScriptError(f"no script named {name!r} (known: {known})") from None
 
@@ -197,6 +213,13 @@ class Registry:
 
 
 registry = Registry()
+
+
+@receiver(setting_changed)
+def _installed_apps_changed(*, setting: str, **kwargs: Any) -> None:
+    """Apps (and so their scripts) changed (``override_settings(INSTALLED_APPS=...)``)."""
+    if setting == "INSTALLED_APPS":
+        registry.clear()
 
 
 def function_name(script: Script, lib_name: str) -> str:

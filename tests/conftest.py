@@ -89,6 +89,7 @@ def _topology_applied(request: pytest.FixtureRequest, _flush_redis: None) -> Non
 def _fresh_log_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test sees the first outage / broken-policy line (they are logged once a minute)."""
     monkeypatch.setattr(reporting, "_log_gate", reporting._Throttled())
+    monkeypatch.setattr(reporting, "_failing", 0)
 
 
 @pytest.fixture

@@ -182,7 +182,9 @@ def test_hints_link_to_the_published_entry():
     from django_redislua.links import DOCS_URL
 
     (message,) = check_settings_with(HEADERS="rfc")
-    assert message.hint == f"See {DOCS_URL}checks.html#redislua-e012"
+    # The fix first (as Django's own checks do), then the link (issue 27: it was the link alone).
+    assert message.hint == ('Use "ietf", "legacy", "both" or None. '
+                            f"See {DOCS_URL}checks.html#redislua-e012")
 
 
 def check_settings_with(**redislua):

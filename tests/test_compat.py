@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -145,6 +146,26 @@ def test_ratelimit_view_setting() -> None:
     )
     assert response is not None and response.status_code == 429  # what the view answers
     assert 1 <= int(response["Retry-After"]) <= 60 and ";q=1;w=60" in response["RateLimit-Policy"]
+
+
+def test_headers_name_no_module_path() -> None:
+    """The default group is the view's module path (django-ratelimit's counter name); the
+    headers show only its last part and a digest, as the native decorator's inline names do."""
+    request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.77")
+
+    def hello(request: object) -> HttpResponse:
+        return HttpResponse("ok")
+
+    view = compat.ratelimit(key="ip", rate="1/m")(hello)
+    view(request)
+    with pytest.raises(exceptions.Ratelimited) as raised:
+        view(request)
+    response = middleware.RatelimitMiddleware(lambda r: None).process_exception(
+        request, raised.value)
+    assert response is not None
+    policy = response["RateLimit-Policy"]
+    assert re.fullmatch(r'"hello-[0-9a-f]{8}";q=1;w=60', policy), policy
+    assert "tests" not in response["RateLimit"] and "compat:" not in policy
 
 
 # -- behaviours of compat itself (tests/test_compat_reference.py compares with django-ratelimit) --

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -150,7 +151,8 @@ def test_run_once_waiting_duplicate_gives_up_after_wait_timeout() -> None:
     first.join(5)
 
 
-def test_singleton_skips_while_another_instance_runs(r: redis.Redis) -> None:
+def test_singleton_skips_while_another_instance_runs(
+        r: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
     started, finish = threading.Event(), threading.Event()
 
     @singleton("nightly-sync", timeout="10m")
@@ -163,7 +165,12 @@ def test_singleton_skips_while_another_instance_runs(r: redis.Redis) -> None:
     first = threading.Thread(target=lambda: results.append(sync()))
     first.start()
     assert started.wait(5)
-    assert sync() is None
+    with caplog.at_level(logging.INFO, logger="django_redislua.locks"):
+        assert sync() is None
+    token = r.hget("rl:lock:{nightly-sync}", "token").decode()
+    [skipped] = [rec.getMessage() for rec in caplog.records if "skipped" in rec.getMessage()]
+    assert skipped.startswith("singleton 'nightly-sync' skipped: another instance holds it "
+                              f"(fencing token {token}, lease ends in ")
     finish.set()
     first.join(5)
     assert results == ["synced"]

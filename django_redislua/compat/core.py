@@ -12,6 +12,7 @@ asking Redis. docs/migrating.md lists what knowingly differs, and why.
 from __future__ import annotations
 
 import functools
+import hashlib
 import ipaddress
 import math
 import re
@@ -25,7 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
-from django_redislua import metrics
+from django_redislua import metrics, reporting
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.keys import client_ip
@@ -221,8 +222,17 @@ def _policies(group: str, count: Any, seconds: Any, methods: str) -> tuple[Polic
         {ord("{"): "_", ord("}"): "_"}
     )
     counter = Policy(name, rate=f"{COUNTER_LIMIT}/{seconds}s", algorithm="fixed_window")
-    shown = Policy(name, rate=f"{max(0, math.ceil(count))}/{seconds}s", algorithm="fixed_window")
+    shown = Policy(public_name(group, name), rate=f"{max(0, math.ceil(count))}/{seconds}s",
+                   algorithm="fixed_window")
     return counter, shown
+
+
+def public_name(group: str, counter_name: str) -> str:
+    """The name the rate-limit headers show: the group's last part and a digest of the counter,
+    like the native decorator's inline names (a group is often the view's module path, which
+    tells clients how the code is laid out): ``"hello-3fa9c2b1"``."""
+    last = group.rpartition(".")[2].rpartition(":")[2][-40:] or "group"
+    return f"{last}-{hashlib.sha256(counter_name.encode()).hexdigest()[:8]}"
 
 
 class _Check:
@@ -268,8 +278,9 @@ def _fail_open() -> bool:
 
 
 def _count(check: _Check, result: str) -> None:
-    """Compat decides from its own counter (the engine only counts), so it meters itself."""
-    metrics.decision(check.shown.name, check.shown.algorithm, result)
+    """Compat decides from its own counter (the engine only counts), so it meters itself,
+    under the counter's name (operators see the group; clients see the public name)."""
+    metrics.decision(check.counter.name, check.shown.algorithm, result)
 
 
 def _deny_all(request: HttpRequest, check: _Check, increment: bool) -> Usage:
@@ -343,6 +354,8 @@ def usage(request: HttpRequest, group: str | None, fn: Any, key: Any, rate: Any,
                                          (), ()))[0]
     except CLIENT_ERRORS as exc:
         return _outage(check, increment, exc)
+    if reporting._failing:
+        reporting.report_recovery()
     return _usage(request, check, counted, increment)
 
 

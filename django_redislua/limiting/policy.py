@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,8 @@ ENFORCE, SHADOW = "enforce", "shadow"
 MODES = (ENFORCE, SHADOW)
 
 RateSpec = str | Callable[..., str | None] | None
+# What a rate callable's dotted path looks like ("myapp.limits.rate_for"), unlike "5 per minute".
+_DOTTED_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 # Integers above 2^53 are not exact in a Lua number (a double): the scripts' bucket arithmetic
 # (capacity times the interval numerator) must stay well below it.
 MAX_EXACT = 2**53
@@ -171,6 +174,12 @@ class Policy:
                 self._set_rate(parse_rate(rate))
             except RateError as exc:
                 raise PolicyError("redislua.E006", f"policy {name!r}: {exc}") from None
+        elif isinstance(rate, str) and not _DOTTED_PATH.fullmatch(rate):
+            raise PolicyError(
+                "redislua.E006",
+                f"policy {name!r}: rate {rate!r} is not a rate (nor the dotted path of a rate "
+                f"callable): write \"N/unit\" such as \"5/m\", \"100/10s\" or \"1000/day\"",
+            )
         else:
             self._rate_callable = resolve_callable(rate, "redislua.E006", f"policy {name!r}: rate")
             self.limit = 0

@@ -63,3 +63,15 @@ def get_policy(name: str) -> Policy:
     if isinstance(built, tuple):
         raise PolicyError(*built)  # a new one each time: re-raising one would grow its traceback
     return built
+
+
+def broken_in_settings(name: str) -> bool:
+    """Whether ``name`` is a policy of ``REDISLUA["POLICIES"]`` that cannot be built: the
+    settings check reports it, once, so the checks of the views using it do not again."""
+    try:
+        get_policy(name)
+    except UnknownPolicy:
+        return False
+    except PolicyError:
+        return True
+    return False

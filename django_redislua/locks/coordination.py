@@ -29,12 +29,13 @@ from typing import Any, ParamSpec, TypeVar, cast
 from asgiref.sync import iscoroutinefunction
 
 from django_redislua import metrics
+from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import Keys, keys_for
 from django_redislua.locks.lease import Lease, milliseconds, start_renewing, stop_renewing
 from django_redislua.locks.lock import LeaseLost, Lock, LockError, parse_wait
 from django_redislua.locks.waiting import until
-from django_redislua.protocol import Call, Invoke, Protocol, performed, retried, undone
+from django_redislua.protocol import Call, Execute, Invoke, Protocol, performed, retried, undone
 from django_redislua.scripts import get_script
 from django_redislua.transport import arun, run
 
@@ -78,6 +79,7 @@ def singleton(name: str, timeout: float | str, wait: bool = False,
             held = Lock(name, timeout, blocking=wait, blocking_timeout=blocking_timeout,
                         auto_renew=True)
             if not (yield from held._acquiring(None, None)):
+                logger.info("%s skipped: %s", what, (yield from _holder(held)))
                 return None
             try:
                 result = yield body
@@ -106,6 +108,21 @@ def singleton(name: str, timeout: float | str, wait: bool = False,
         return run_sync
 
     return decorate
+
+
+def _holder(lock: Lock) -> Protocol[str]:
+    """Who holds ``lock``, for a log line: its fencing token and how long its lease has left
+    (one round trip; a Redis failure only makes the line shorter)."""
+    try:
+        token, = yield Execute(("HMGET", lock.keys.base, "token"))
+        left_ms = int((yield Execute(("PTTL", lock.keys.base))))
+    except CLIENT_ERRORS:
+        return "another instance holds it"
+    if token is None:
+        return "another instance held it (its lease has just ended)"
+    token = token.decode() if isinstance(token, bytes) else token
+    return (f"another instance holds it (fencing token {token}, lease ends in "
+            f"{max(left_ms, 0) / 1000:.1f}s)")
 
 
 # -- run_once ---------------------------------------------------------------------------------
