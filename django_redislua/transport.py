@@ -678,15 +678,31 @@ class AsyncClusterTransport(AsyncTransport):
     # POLL_INTERVAL instead of on a message (redislua.W004).
     @staticmethod
     def poll(op: Subscribe) -> Any:
-        return asyncio.sleep(0)
+        return asyncio.sleep(0, Polling(op.channel))
 
     @staticmethod
     def polled(op: Listen) -> Any:
-        return asyncio.sleep(min(op.timeout, POLL_INTERVAL))
+        return op.subscription.listen(op.timeout)
 
     @staticmethod
     def unpolled(op: Unsubscribe) -> Any:
         return asyncio.sleep(0)
+
+
+class Polling:
+    """A subscription where there can be none (see ASYNC_CLUSTER_PUBSUB): confirmed at once,
+    then every POLL_INTERVAL reads as a wake-up message, so the wait tries again."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.confirmed = False
+
+    def listen(self, timeout: float) -> Any:
+        if not self.confirmed:
+            self.confirmed = True
+            return asyncio.sleep(0, {"type": "subscribe", "channel": self.channel, "data": 1})
+        return asyncio.sleep(min(timeout, POLL_INTERVAL),
+                             {"type": "message", "channel": self.channel, "data": "poll"})
 
 
 class ThrowawayLoopTransport(AsyncTransport):

@@ -582,10 +582,16 @@ def test_idents_are_masked_like_every_address_key() -> None:
     assert statuses == [200, 200, 429]
 
 
-def test_a_missing_address_is_limited_under_one_shared_identity() -> None:
+@pytest.mark.parametrize(("remote_addr", "ident"), [("", ""), (None, "None")])
+def test_a_missing_address_is_limited_under_one_shared_identity(
+    r: Any, remote_addr: str | None, ident: str
+) -> None:
+    """An empty or absent address: DRF's get_ident() ("" or None), so DRF's key, one counter for
+    every such request; never an unlimited one."""
     view = view_with(drf.AnonRateThrottle)
     with rest({"anon": "2/h"}):
-        assert statuses(view, 3, REMOTE_ADDR="") == [200, 200, 429]
+        assert statuses(view, 3, REMOTE_ADDR=remote_addr) == [200, 200, 429]
+        assert r.exists(f"rl:anon:sl:{{throttle_anon_{ident}}}")
 
 
 def test_a_soft_policy_never_gates_the_blocking_one_in_policy_throttle() -> None:

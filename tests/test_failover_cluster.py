@@ -809,6 +809,15 @@ def tries_until_granted(lock: Lock, tries: int,
     return False, errors
 
 
+def _error_count(stats: dict[str, Any], name: str) -> int:
+    """``INFO errorstats``'s count of ``name``: redis-py 6+ parses ``count=3`` into a dict,
+    older ones leave the text."""
+    value = stats.get(name, {})
+    if isinstance(value, str):
+        return int(dict(part.split("=") for part in value.split(","))["count"])
+    return int(value.get("count", 0))
+
+
 class _MovesANodeWhenCompared(str):
     """redis-py's ``PRIMARY`` constant. While armed, the first comparison with it runs
     ``hook``: the interleaving that happens under load, made certain."""
@@ -835,6 +844,9 @@ def test_a_view_answers_when_the_cluster_client_breaks_during_a_failover(
     that node as a concurrent request's ConnectionError does
     (NodesManager.move_node_to_end_of_cached_nodes), and is given 0.5 s to finish first.
     With FAIL_OPEN the view must answer 200, undecided. It must not raise."""
+    if not hasattr(redis.cluster.NodesManager, "move_node_to_end_of_cached_nodes"):
+        pytest.skip("redis-py before 7.2 reorders its node table another way (startup_nodes.pop "
+                    "in the same handler); the transport's guard against the race is the same")
     heal(cluster)
     with override_settings(REDISLUA={"CONNECTION": cluster.url, "FAIL_OPEN": True},
                            ROOT_URLCONF=__name__):

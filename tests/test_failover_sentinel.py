@@ -654,7 +654,7 @@ def test_an_acquisition_lost_in_the_failover() -> None:
             stopped = True
             primary = servers.primary.client()
             try:
-                assert primary.client_kill_filter(_type="replica") == 1
+                assert primary.execute_command("CLIENT", "KILL", "TYPE", "replica") == 1
             finally:
                 primary.close()
             holder = Lock("lost", timeout=30)

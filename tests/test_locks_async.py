@@ -11,6 +11,7 @@ import redis
 from django_redislua.connection import primary_nodes
 from django_redislua.drivers import _background
 from django_redislua.locks import Lock, LockNotOwned, Semaphore, asingle_flight, run_once
+from django_redislua.transport import ASYNC_CLUSTER_PUBSUB
 
 pytestmark = pytest.mark.topologies
 
@@ -97,10 +98,14 @@ def test_cancelling_a_waiter_leaves_no_waiter_and_no_lock(r: redis.Redis) -> Non
         await holder.aacquire()
         waiters = [asyncio.create_task(Lock("acancel", timeout=30).aacquire()) for _ in range(5)]
         await asyncio.sleep(0.2)
+        # Waiters on an asyncio cluster client before redis-py 8 poll (redislua.W004): there is
+        # no subscription to count, only the lock to check.
+        subscribed = 0 if isinstance(r, redis.RedisCluster) and not ASYNC_CLUSTER_PUBSUB else 5
+        channel = "rl:lock:{acancel}:released"
         deadline = time.monotonic() + 5
-        while _subscribers("rl:lock:{acancel}:released") < 5 and time.monotonic() < deadline:
+        while _subscribers(channel) < subscribed and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        assert _subscribers("rl:lock:{acancel}:released") == 5  # the count below can see them
+        assert _subscribers(channel) == subscribed  # the count below can see them
         for task in waiters:
             task.cancel()
         for task in waiters:

@@ -83,21 +83,21 @@ def busy(key: str) -> threading.Thread:
     that ends when the server is free again."""
     node = owner_of(key)
     started = threading.Event()
+    given = node.connection_pool.connection_kwargs
 
     def run() -> None:
-        conn = node.connection_pool.make_connection()
+        client = redis.Redis(connection_pool=redis.ConnectionPool(
+            **{**given, "socket_timeout": BUSY_MS / 1000 + 5}))
         try:
-            conn.send_command("EVAL", BUSY, 0, BUSY_MS * 1000)
             started.set()
-            conn.read_response(timeout=BUSY_MS / 1000 + 5)
+            client.eval(BUSY, 0, BUSY_MS * 1000)
         finally:
-            conn.disconnect()
+            client.close()
 
     thread = threading.Thread(target=run)
     thread.start()
     assert started.wait(5)
-    kwargs = {**node.connection_pool.connection_kwargs, "socket_timeout": 0.05,
-              "socket_connect_timeout": 0.05}
+    kwargs = {**given, "socket_timeout": 0.05, "socket_connect_timeout": 0.05}
     deadline = time.monotonic() + 5
     while True:  # a checker, not a sleep: answered means the script has not started yet
         probe = redis.Redis(connection_pool=redis.ConnectionPool(**kwargs))
