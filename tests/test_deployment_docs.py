@@ -210,7 +210,8 @@ def placeholders(kind: str, servers: Servers,
     if kind in ("single", "mtls"):
         server = servers.single if kind == "single" else servers.mtls
         if servers.tls is None or server is None:
-            pytest.skip("this redis-server is built without TLS (Debian's has it)")
+            pytest.skip("this redis-server is built without TLS: "
+                        "apt-get install redis-server (Debian's has it)")
         mapped = {
             "redis.internal:6379": f"127.0.0.1:{server.port}",
             "redis.internal:6380": f"127.0.0.1:{server.tls_port}",

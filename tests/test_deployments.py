@@ -81,7 +81,8 @@ def _sentinel(servers: Servers) -> RedisSentinelServers:
 
 def _needs_tls(servers: Servers) -> TLSFiles:
     if servers.tls is None:
-        pytest.skip("this redis-server is built without TLS (Debian's has it)")
+        pytest.skip("this redis-server is built without TLS: "
+                    "apt-get install redis-server (Debian's has it)")
     return servers.tls
 
 

@@ -720,7 +720,7 @@ def run_failover(cluster: RedisClusterServers, target: Target, how: str,
     else:
         assert all(scripts_on(target.replica)), scripts_on(target.replica)
         if not any(replica_scripts_before):
-            assert new_primary_errors.get("errorstat_NOSCRIPT", {}).get("count", 0) > 0
+            assert _error_count(new_primary_errors, "errorstat_NOSCRIPT") > 0
     # 5. Locks: mutual exclusion, and tokens that only grow.
     for group in ("r0", "r1"):
         mine = [h for h in holds if h.group == group]
