@@ -525,6 +525,21 @@ class RedisClusterServers:
         self.stop()
 
 
+def sentinel_master_state(sentinel: redis.Redis, service_name: str) -> dict[str, str]:
+    """``SENTINEL MASTER <service_name>`` as text fields (``flags`` is ``"master,s_down"``).
+
+    Read raw, not through ``Redis.sentinel_master``: redis-py 6.x passes that parser an option
+    it does not take (``TypeError: parse_sentinel_master() got an unexpected keyword argument
+    'return_responses'``)."""
+    reply = sentinel.execute_command("SENTINEL", "MASTER", service_name)
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2], strict=True)
+    return {_text(key): _text(value) for key, value in pairs}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class RedisSentinelServers:
     """A primary and one Sentinel monitoring it as ``service_name``, on loopback.
 
@@ -763,11 +778,10 @@ class RedisSentinelServers:
             socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
         )
         try:
-            state: Any = probe.sentinel_master(self.service_name)
+            state = sentinel_master_state(probe, self.service_name)
         finally:
             probe.close()
-        flags = state.get("flags")
-        flags = set(flags.split(",")) if isinstance(flags, str) else set(flags or ())
+        flags = set(state.get("flags", "").split(","))
         failing = {"s_down", "o_down", "failover_in_progress"}
         if int(state["port"]) == old.port or "master" not in flags or flags & failing:
             return None

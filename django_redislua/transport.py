@@ -126,6 +126,19 @@ class PoolSource:
         """Nothing is kept between exchanges."""
 
 
+# A connection closed by another thread while this one uses it fails inside redis-py's parser
+# (the reader it dropped is None), not as a ConnectionError. redis-py 6.x does that to every
+# thread at once: its cluster table refresh (NodesManager.initialize) disconnects the startup
+# nodes' whole pools, connections in use included. It is a lost connection and is raised as one.
+TORN_DOWN = (AttributeError, TypeError)
+
+
+def torn_down(failure: BaseException) -> redis.ConnectionError:
+    lost = redis.ConnectionError(f"the connection was closed while in use: {failure!r}")
+    lost.__cause__ = failure
+    return lost
+
+
 def opened(source: Any) -> Connection:
     """A connection from ``source``; a failure to open one is marked as sending nothing
     (:func:`protocol.unsent`)."""
@@ -134,6 +147,8 @@ def opened(source: Any) -> Connection:
     except OPEN_ERRORS as exc:
         unsent(exc)
         raise
+    except TORN_DOWN as exc:
+        raise unsent(torn_down(exc)) from exc
 
 
 def written(source: Any, conn: Connection, commands: Sequence[Command]) -> None:
@@ -143,6 +158,9 @@ def written(source: Any, conn: Connection, commands: Sequence[Command]) -> None:
             source.send_one(conn, commands[0])
         else:
             conn.send_packed_command(conn.pack_commands(commands))
+    except TORN_DOWN as exc:
+        conn.disconnect()
+        raise torn_down(exc) from exc
     except BaseException:
         conn.disconnect()
         raise
@@ -158,6 +176,9 @@ def read(conn: Connection, count: int) -> list[Any]:
                 replies.append(conn.read_response(disconnect_on_error=True))
             except ResponseError as error:
                 replies.append(error)
+    except TORN_DOWN as exc:
+        conn.disconnect()
+        raise torn_down(exc) from exc
     except BaseException:
         conn.disconnect()
         raise

@@ -124,6 +124,44 @@ def test_a_hit_whose_reply_was_lost_counts_at_most_once(short_timeouts: None) ->
     assert policy.peek("k").remaining >= 98  # at most one more hit counted
 
 
+def test_connections_closed_under_calls_by_another_thread_are_lost_connections() -> None:
+    """Another thread keeps disconnecting the pool, connections in use included (redis-py
+    6.x's cluster table refresh does that to every thread at once), while hits run: each hit
+    is decided or fails as a lost connection, a client error FAIL_OPEN handles; never an
+    AttributeError or TypeError from inside redis-py's parser (its reader gone mid-read)."""
+    policy = Policy("torn-hit", rate="100000/h", algorithm="fixed_window")
+    assert policy.hit("k").allowed
+    pool = owner_of(policy.redis_key("k")).connection_pool
+    stop = threading.Event()
+
+    def tear_down() -> None:
+        while not stop.is_set():
+            pool.disconnect()
+            time.sleep(0.0005)
+
+    tearing = threading.Thread(target=tear_down)
+    tearing.start()
+    decided, lost, other = 0, 0, []
+    deadline = time.monotonic() + 3
+    try:
+        for _ in range(3000):
+            if time.monotonic() > deadline:
+                break
+            try:
+                policy.hit("k")
+                decided += 1
+            except CLIENT_ERRORS:
+                lost += 1
+            except Exception as exc:  # what this test is about: anything else escaping
+                other.append(exc)
+    finally:
+        stop.set()
+        tearing.join()
+    assert not other, other[:3]
+    assert decided and lost, (decided, lost)  # both happened: the race was run
+    assert policy.peek("k").remaining >= 100000 - 1 - decided - lost  # nothing counted twice
+
+
 async def test_an_async_hit_whose_reply_was_lost_counts_at_most_once(
         short_timeouts: None) -> None:
     policy = Policy("lost-ahit", rate="100/h", algorithm="fixed_window")

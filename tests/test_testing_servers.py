@@ -31,6 +31,7 @@ from django_redislua.testing import (
     RedisServer,
     TLSFiles,
     make_tls_files,
+    sentinel_master_state,
 )
 
 # Spaces, URL delimiters, a quote, a backslash and non-ASCII: the URLs must percent-quote it,
@@ -454,7 +455,8 @@ def test_sentinel_logs_in_to_the_protected_primary_with_auth_pass() -> None:
             run_id = primary.info("server")["run_id"]
         with servers.sentinel.client(decode_responses=True) as sentinel:
             deadline = time.monotonic() + 10
-            while (state := sentinel.sentinel_master("mymaster"))["runid"] != run_id:
+            while (state := sentinel_master_state(sentinel, "mymaster"))["runid"] != run_id:
                 assert time.monotonic() < deadline, state
                 time.sleep(0.1)
-            assert state["is_master"] and not state["is_sdown"]
+            flags = state["flags"].split(",")
+            assert "master" in flags and "s_down" not in flags
