@@ -88,6 +88,32 @@ CLIENT_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     ImproperlyConfigured,
 )
+# A connection closed by another thread while this one uses it fails inside redis-py (the reader
+# or socket it dropped is None), not as a ConnectionError. redis-py 6.x does that to every
+# thread at once: its cluster table refresh (NodesManager.initialize) disconnects the startup
+# nodes' whole pools, connections in use included; any code calling pool.disconnect() does too.
+TORN_DOWN = (AttributeError, TypeError)
+
+
+def torn_down(failure: BaseException) -> redis.ConnectionError:
+    """``failure`` (one of TORN_DOWN) as the lost connection it is."""
+    lost = redis.ConnectionError(f"the connection was closed while in use: {failure!r}")
+    lost.__cause__ = failure
+    return lost
+
+
+def in_parser(failure: BaseException) -> bool:
+    """Whether ``failure`` was raised inside redis-py's reply parser (``redis/_parsers``): a
+    connection torn down while it connected, not a mistake such as a misspelt connection
+    option (a TypeError from building the connection, which must reach the user as it is)."""
+    frame = failure.__traceback__
+    while frame is not None:
+        if "/redis/_parsers/" in frame.tb_frame.f_code.co_filename.replace("\\", "/"):
+            return True
+        frame = frame.tb_next
+    return False
+
+
 # Seconds a failed client build is remembered: an outage costs one connection attempt per
 # second per process, not one per request (a cluster's discovery contacts every startup node).
 BUILD_BACKOFF = 1.0

@@ -41,7 +41,7 @@ import redis.asyncio
 from redis.utils import HIREDIS_AVAILABLE
 
 from django_redislua.conf import settings
-from django_redislua.connection import checkout
+from django_redislua.connection import TORN_DOWN, checkout
 
 hiredis_pack: Any
 try:  # redis-py packs with hiredis too, when installed, after encoding each argument in Python
@@ -150,8 +150,8 @@ class KeptConnections:
             # message, a reply nobody read) or a socket the server closed means a reconnect.
             if conn.is_connected and conn.can_read():
                 conn.disconnect()
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            conn.disconnect()
+        except (redis.ConnectionError, redis.TimeoutError, OSError, *TORN_DOWN):
+            conn.disconnect()  # TORN_DOWN: another thread closed it meanwhile
         if not conn.is_connected:
             try:
                 conn.connect()  # before the send: a failure here sent nothing

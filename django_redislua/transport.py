@@ -53,10 +53,13 @@ from django_redislua import lean, metrics
 from django_redislua.conf import on_change_first
 from django_redislua.connection import (
     CLIENT_ERRORS,
+    TORN_DOWN,
     checkout,
     get_async_client,
     get_client,
+    in_parser,
     on_throwaway_loop,
+    torn_down,
 )
 from django_redislua.drivers import Step, adrive, adrive_step, drive, drive_step, keep_running
 from django_redislua.protocol import (
@@ -126,28 +129,18 @@ class PoolSource:
         """Nothing is kept between exchanges."""
 
 
-# A connection closed by another thread while this one uses it fails inside redis-py's parser
-# (the reader it dropped is None), not as a ConnectionError. redis-py 6.x does that to every
-# thread at once: its cluster table refresh (NodesManager.initialize) disconnects the startup
-# nodes' whole pools, connections in use included. It is a lost connection and is raised as one.
-TORN_DOWN = (AttributeError, TypeError)
-
-
-def torn_down(failure: BaseException) -> redis.ConnectionError:
-    lost = redis.ConnectionError(f"the connection was closed while in use: {failure!r}")
-    lost.__cause__ = failure
-    return lost
-
-
 def opened(source: Any) -> Connection:
     """A connection from ``source``; a failure to open one is marked as sending nothing
-    (:func:`protocol.unsent`)."""
+    (:func:`protocol.unsent`), a connection torn down by another thread meanwhile included
+    (see connection.TORN_DOWN)."""
     try:
         return source.take()
     except OPEN_ERRORS as exc:
         unsent(exc)
         raise
     except TORN_DOWN as exc:
+        if not in_parser(exc):
+            raise
         raise unsent(torn_down(exc)) from exc
 
 
