@@ -102,16 +102,23 @@ def torn_down(failure: BaseException) -> redis.ConnectionError:
     return lost
 
 
-def in_parser(failure: BaseException) -> bool:
-    """Whether ``failure`` was raised inside redis-py's reply parser (``redis/_parsers``): a
-    connection torn down while it connected, not a mistake such as a misspelt connection
-    option (a TypeError from building the connection, which must reach the user as it is)."""
+# Where redis-py touches the socket or the reader a disconnect drops, outside its parsers.
+_SOCKET_FUNCTIONS = frozenset({"send_packed_command", "_send_packed_command", "can_read"})
+
+
+def closed_under_us(failure: BaseException) -> bool:
+    """Whether ``failure`` (one of TORN_DOWN) was raised where redis-py reads or writes the
+    socket (its parsers, ``send_packed_command``, ``can_read``): a connection another thread
+    closed. Not a mistake such as a misspelt connection option (a TypeError from building the
+    connection), which must reach the user as it is."""
     frame = failure.__traceback__
-    while frame is not None:
-        if "/redis/_parsers/" in frame.tb_frame.f_code.co_filename.replace("\\", "/"):
-            return True
+    if frame is None:
+        return False
+    while frame.tb_next is not None:
         frame = frame.tb_next
-    return False
+    code = frame.tb_frame.f_code
+    path = code.co_filename.replace("\\", "/")
+    return "/redis/_parsers/" in path or ("/redis/" in path and code.co_name in _SOCKET_FUNCTIONS)
 
 
 # Seconds a failed client build is remembered: an outage costs one connection attempt per

