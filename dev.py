@@ -107,8 +107,13 @@ FAST = (
 def find_python(version: str) -> str | None:
     """An interpreter for ``version``: pyenv's (PYENV_ROOT, default ~/.pyenv), else on PATH."""
     root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
-    found = sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"))
-    candidates = [*reversed(found), shutil.which(f"python{version}")]
+    found: dict[int, str] = {}
+    for path in glob.glob(f"{root}/versions/{version}.*/bin/python{version}"):
+        patch = Path(path).parent.parent.name.removeprefix(f"{version}.")
+        if patch.isdigit():  # 3.13.10 over 3.13.2; no free-threaded (3.13.0t) or dev builds
+            found[int(patch)] = path
+    newest_first = [found[patch] for patch in sorted(found, reverse=True)]
+    candidates = [*newest_first, shutil.which(f"python{version}")]
     for candidate in candidates:
         if candidate and subprocess.call([candidate, "-c", ""], stderr=subprocess.DEVNULL) == 0:
             return candidate
