@@ -95,9 +95,14 @@ CLIENT_ERRORS: tuple[type[BaseException], ...] = (
 TORN_DOWN = (AttributeError, TypeError)
 
 
-def torn_down(failure: BaseException) -> redis.ConnectionError:
+class TornDown(redis.ConnectionError):
+    """A connection another thread closed while this one used it: not a sign that Redis is
+    down (protocol.retried tries again), unlike a refused connection."""
+
+
+def torn_down(failure: BaseException) -> TornDown:
     """``failure`` (one of TORN_DOWN) as the lost connection it is."""
-    lost = redis.ConnectionError(f"the connection was closed while in use: {failure!r}")
+    lost = TornDown(f"the connection was closed while in use: {failure!r}")
     lost.__cause__ = failure
     return lost
 

@@ -40,7 +40,7 @@ from redis.exceptions import (
 )
 
 from django_redislua import metrics
-from django_redislua.connection import CLIENT_ERRORS
+from django_redislua.connection import CLIENT_ERRORS, TornDown
 
 if TYPE_CHECKING:
     from django_redislua.scripts import Script
@@ -210,13 +210,15 @@ def retried(step: Callable[[], Protocol[T]], until_monotonic: float) -> Protocol
     """``step`` (safe to send again) until it lands, with back-off, or until the moment after
     which it no longer matters (what it gives back has expired by then): None then. A step
     whose connection was refused is not tried again: Redis is down, and what it would give
-    back expires there by itself (a connection that timed out is a busy server: tried again)."""
+    back expires there by itself (a connection that timed out is a busy server, one another
+    thread closed a busy client: tried again)."""
     delay = FIRST_RETRY
     while True:
         try:
             return (yield from step())
         except CLIENT_ERRORS as failure:
-            refused = was_unsent(failure) and not isinstance(failure, redis.TimeoutError)
+            busy = isinstance(failure, (redis.TimeoutError, TornDown))
+            refused = was_unsent(failure) and not busy
             if refused or time.monotonic() + delay >= until_monotonic:
                 return None
             yield Pause(delay)
