@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The two set-up commands (see README.md); they need nothing but Python 3.10+.
+"""The two set-up commands (see README.md); they need nothing but Python 3.11+.
 
     python3 dev.py demo   # make .venv, install, serve the example project on 127.0.0.1:8000
     python3 dev.py test   # make .venv, install, run ruff, mypy and the whole test suite (it
@@ -89,7 +89,7 @@ def bench(argv: list[str]) -> int:
 COMBINATIONS = (
     ("django61", "3.13", ("Django>=6.1,<6.2",), True),
     ("django60", "3.12", ("Django>=6.0,<6.1",), True),
-    ("redis5", "3.10", ("Django>=5.2,<5.3", "redis[hiredis]==5.0.1"), False),
+    ("redis5", "3.11", ("Django>=5.2,<5.3", "redis[hiredis]==5.0.1"), False),
 )
 # What differs between those combinations: the engine, views, DRF (and DRF's own tests), locks
 # sync and async, lost replies, both transports, checks, the first-hour path, the test helpers,
@@ -166,6 +166,10 @@ def main() -> int:
     commands = {"demo": demo, "test": test, "bench": bench, "matrix": matrix}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(__doc__)
+        return 2
+    if sys.version_info < (3, 11):  # noqa: UP036 (dev.py is what an older python3 runs)
+        print(f"django-redislua needs Python 3.11 or newer; this is {sys.version.split()[0]}"
+              " (run dev.py with a newer python3)", file=sys.stderr)
         return 2
     return commands[sys.argv[1]](sys.argv[2:])
 

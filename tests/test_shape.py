@@ -9,15 +9,12 @@ printed by ``python -m pytest tests/test_shape.py -s`` (and by ``python tests/te
 from __future__ import annotations
 
 import ast
-import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "django_redislua"
 # Statements and expressions that make a function's path through it depend on something.
 CONTROL_FLOW = (ast.If, ast.IfExp, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With,
-                ast.AsyncWith, ast.Match, ast.comprehension, ast.BoolOp)
-if sys.version_info >= (3, 11):
-    CONTROL_FLOW = (*CONTROL_FLOW, ast.TryStar)
+                ast.AsyncWith, ast.Match, ast.comprehension, ast.BoolOp, ast.TryStar)
 MOST_ASYNC_WITH_CONTROL_FLOW = 10
 
 

@@ -2,7 +2,7 @@
 
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -23,19 +23,19 @@ from django_redislua.locks.inspect import scan_locks
 def nightly_report() -> str:
     """A job that must run on one instance at a time; a second call meanwhile is skipped."""
     time.sleep(5)
-    return f"report built by process {os.getpid()} at {datetime.now(timezone.utc):%H:%M:%S} UTC"
+    return f"report built by process {os.getpid()} at {datetime.now(UTC):%H:%M:%S} UTC"
 
 
 @run_once(key=lambda order_id: f"demo:pay:{order_id}", ttl="1h")
 def charge(order_id: str) -> str:
     """An idempotent payment callback: the second call returns the first call's receipt."""
     time.sleep(1)
-    return f"charged order {order_id} at {datetime.now(timezone.utc):%H:%M:%S.%f} UTC"
+    return f"charged order {order_id} at {datetime.now(UTC):%H:%M:%S.%f} UTC"
 
 
 def slow_totals() -> dict[str, str]:
     time.sleep(2)  # the expensive query that a stampede would run many times
-    return {"built_at": f"{datetime.now(timezone.utc):%H:%M:%S.%f} UTC", "pid": str(os.getpid())}
+    return {"built_at": f"{datetime.now(UTC):%H:%M:%S.%f} UTC", "pid": str(os.getpid())}
 
 
 def take_a_turn() -> str:
