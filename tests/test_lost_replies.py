@@ -69,15 +69,30 @@ def until(condition: Callable[[], bool], seconds: float = 5.0, what: str = "cond
         time.sleep(0.01)
 
 
-# Keeps the server busy for ARGV[1] microseconds on its own clock: every command sent meanwhile
-# waits, and runs once the script ends, after its caller's socket timeout gave up on the reply.
-# (a busy script is not enough: a paused client that disconnects has its command dropped.)
-BUSY = """
+# Keeps the server busy for ARGV[1] microseconds: every command sent meanwhile waits, and runs
+# once the script ends, after its caller's socket timeout gave up on the reply. (A busy script is
+# not enough: a paused client that disconnects has its command dropped.) On the server's CPU
+# clock where Lua has one (os.clock: Redis 7.2+, Valkey), else on TIME, which Valkey freezes for
+# a script's whole run (its loop would spin until the 5 s busy limit).
+BUSY_ON_CLOCK = """
+local stop = os.clock() + tonumber(ARGV[1]) / 1000000
+repeat until os.clock() >= stop
+return 1
+"""
+BUSY_ON_TIME = """
 local t = redis.call('TIME')
 local stop = t[1] * 1000000 + t[2] + tonumber(ARGV[1])
 repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= stop
 return 1
 """
+
+
+def busy_script(client: redis.Redis) -> str:
+    try:
+        client.eval("return os.clock() >= 0", 0)
+    except redis.ResponseError:  # Lua without os: Redis before 7.2
+        return BUSY_ON_TIME
+    return BUSY_ON_CLOCK
 
 
 def busy(key: str, busy_ms: int = BUSY_MS) -> threading.Thread:
@@ -87,13 +102,14 @@ def busy(key: str, busy_ms: int = BUSY_MS) -> threading.Thread:
     node = owner_of(key)
     started = threading.Event()
     given = node.connection_pool.connection_kwargs
+    script = busy_script(node)
 
     def run() -> None:
         client = redis.Redis(connection_pool=redis.ConnectionPool(
             **{**given, "socket_timeout": busy_ms / 1000 + 5}))
         try:
             started.set()
-            client.eval(BUSY, 0, busy_ms * 1000)
+            client.eval(script, 0, busy_ms * 1000)
         finally:
             client.close()
 
