@@ -14,7 +14,7 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
-from django_redislua.conf import DEFAULTS, HEADER_MODES, valid_claim_window
+from django_redislua.conf import DEFAULTS, DENIED_BODIES, HEADER_MODES, valid_claim_window
 from django_redislua.limiting.policy import POLICY_OPTIONS, PolicyError
 from django_redislua.limiting.registry import broken_in_settings, build_policy
 from django_redislua.links import check_url
@@ -72,6 +72,8 @@ FIXES = {
     "redislua.E026": "Use \"mode\": \"enforce\" (the default) or \"shadow\".",
     "redislua.E027": "Use a long random string (secrets.token_urlsafe(32)), read from the "
                      "environment, or None for staff sessions only.",
+    "redislua.E028": "Use \"text\" (the default: \"Too Many Requests\") or \"problem\" "
+                     "(RFC 9457 application/problem+json).",
 }
 
 
@@ -178,6 +180,13 @@ def _scalars(config: dict[str, Any]) -> list[CheckMessage]:
                 f"REDISLUA['HEADERS'] must be one of {HEADER_MODES}, not {config['HEADERS']!r}.",
             )
         )
+    body = config.get("DENIED_BODY", DEFAULTS["DENIED_BODY"])
+    if not isinstance(body, str) or body not in DENIED_BODIES:
+        messages.append(_error(
+            "redislua.E028",
+            f"REDISLUA['DENIED_BODY'] must be one of {DENIED_BODIES}, not {body!r:.80}; "
+            "denials keep the plain text body until it is fixed.",
+        ))
     if "FAIL_OPEN" in config and not isinstance(config["FAIL_OPEN"], bool):
         messages.append(_error("redislua.E013", "REDISLUA['FAIL_OPEN'] must be True or False."))
     proxies = config.get("TRUSTED_PROXIES", 0)

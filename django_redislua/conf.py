@@ -31,6 +31,9 @@ DEFAULTS: dict[str, Any] = {
     "POLICIES": {},
     "MIDDLEWARE_POLICIES": [],
     "DENIED_VIEW": None,
+    # The body of this app's own 429 (not of a DENIED_VIEW's): "text" ("Too Many Requests"), or
+    # "problem" (RFC 9457 application/problem+json, the quota-exceeded type; see problem.py).
+    "DENIED_BODY": "text",
     # Call scripts as Redis 7 Functions (FCALL) instead of EVALSHA.
     "USE_FUNCTIONS": False,
     # Seconds a waiter handed a lock has to confirm it; an unconfirmed hand-off passes on.
@@ -53,6 +56,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 HEADER_MODES = ("ietf", "legacy", "both", None)
+DENIED_BODIES = ("text", "problem")
 
 
 def valid_claim_window(value: Any) -> bool:
@@ -161,6 +165,12 @@ class Settings:
     def DENIED_VIEW(self) -> str | None:
         value = _merged()["DENIED_VIEW"]
         return None if value is None else str(value)
+
+    @property
+    def DENIED_BODY(self) -> str:
+        # checks.py reports any other value as redislua.E028; denials keep the plain text body.
+        value = _merged()["DENIED_BODY"]
+        return str(value) if value in DENIED_BODIES else "text"
 
     @property
     def USE_FUNCTIONS(self) -> bool:

@@ -1,17 +1,21 @@
 """Rate-limit response headers from Decisions: IETF RateLimit / RateLimit-Policy, legacy
 X-RateLimit-*, and Retry-After. Shared by the decorator, the middleware and the DRF throttles.
 
-IETF form (draft-ietf-httpapi-ratelimit-headers-10, Structured Field Lists of Items, one item
+IETF form (draft-ietf-httpapi-ratelimit-headers-11: Structured Field Lists of Items, one item
 per policy, the item a String naming the policy)::
 
-    RateLimit-Policy: "login";q=5;w=60, "api";q=20;w=12
-    RateLimit: "login";r=0;t=42, "api";r=19;t=1
+    RateLimit-Policy: "login";q=5;w=60, "api";q=20;w=12, "export";q=2;qu="concurrent-requests"
+    RateLimit: "login";r=0;t=42, "api";r=19;t=1, "export";r=1
 
-``q`` is the quota (the Decision's ``limit``), ``w`` the window in seconds (omitted for
-concurrency policies, which have no window), ``r`` what remains and ``t`` the whole seconds
-until the quota is full again. The legacy ``X-RateLimit-Limit/Remaining/Reset`` headers can
-describe one policy only: the one closest to denying (least remaining) speaks for the response.
-``X-RateLimit-Reset`` is in seconds from now, not an epoch time.
+``q`` is the quota (the Decision's ``limit``) and ``w`` the window in seconds, so that ``q``
+per ``w`` is the policy's sustained rate; ``r`` is what remains and ``t`` the effective window
+(see :func:`effective_window`). A concurrency policy counts requests in flight: its unit is
+``qu="concurrent-requests"`` (draft -11 section 3.1.2; the default unit, "requests", is never
+written) and it has no time window, so neither ``w`` nor ``t`` is sent (the draft's own
+example of a quota without a time window, section 4.2, sends no ``t``). The legacy
+``X-RateLimit-Limit/Remaining/Reset`` headers can describe one policy only: the one closest to
+denying (least remaining) speaks for the response. ``X-RateLimit-Reset`` is in seconds from
+now, not an epoch time.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from collections.abc import Sequence
 
 from django_redislua.conf import settings
 from django_redislua.limiting.policy import WINDOW_ALGORITHMS, Decision
+
+# draft-ietf-httpapi-ratelimit-headers-11, section 3.1.2: the quota unit of a concurrency limit.
+CONCURRENT_REQUESTS = "concurrent-requests"
 
 
 def _window_seconds(decision: Decision) -> int | None:
@@ -33,10 +40,35 @@ def _window_seconds(decision: Decision) -> int | None:
     return max(1, math.ceil(policy.interval_us * policy.limit / 1_000_000))
 
 
+def effective_window(decision: Decision) -> int | None:
+    """The ``t`` parameter: whole seconds (rounded up) within which ``r`` is all the client
+    should spend (draft -11 section 4.1.2); None for a concurrency policy, which has no window.
+
+    Allowed: until the policy's state is full again (``reset_after``: the end of a fixed
+    window, the last hit of a log or a window ageing out, a bucket refilled). Denied: until the
+    same request would be admitted (``retry_after``), because a response carrying Retry-After
+    "SHOULD NOT reference a point in time earlier than the end of the effective window"
+    (section 6), and the full reset can come long after the request fits again. A denial no
+    wait can lift (a zero rate, a cost above capacity) keeps ``reset_after``: it sends no
+    Retry-After.
+    """
+    if decision.policy.rate is None:
+        return None
+    seconds = decision.reset_after
+    if not decision.allowed and not math.isinf(decision.retry_after):
+        seconds = decision.retry_after
+    return max(0, math.ceil(seconds))
+
+
+def policy_label(name: str) -> str:
+    """The policy's name as the headers carry it: printable ASCII only (what a Structured
+    Field String may hold), so a problem body names policies exactly as the headers do."""
+    return "".join(c for c in name if 0x20 <= ord(c) < 0x7F)
+
+
 def _sf_string(name: str) -> str:
     """A Structured Field String: printable ASCII, with backslash and quote escaped."""
-    printable = "".join(c for c in name if 0x20 <= ord(c) < 0x7F)
-    return '"' + printable.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + policy_label(name).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def retry_after_seconds(decisions: Sequence[Decision]) -> int | None:
@@ -72,17 +104,18 @@ def rate_limit_headers(
     if mode is None:
         return headers
     if mode in ("ietf", "both"):
-        items = []
+        policies, limits = [], []
         for d in decisions:
+            name = _sf_string(d.policy.name)
             window = _window_seconds(d)
-            items.append(f"{_sf_string(d.policy.name)};q={d.limit}"
-                         + ("" if window is None else f";w={window}"))
-        headers["RateLimit-Policy"] = ", ".join(items)
-        headers["RateLimit"] = ", ".join(
-            f"{_sf_string(d.policy.name)};r={max(0, d.remaining)}"
-            f";t={max(0, math.ceil(d.reset_after))}"
-            for d in decisions
-        )
+            if window is None:
+                policies.append(f'{name};q={d.limit};qu="{CONCURRENT_REQUESTS}"')
+            else:
+                policies.append(f"{name};q={d.limit};w={window}")
+            t = effective_window(d)
+            limits.append(f"{name};r={max(0, d.remaining)}" + ("" if t is None else f";t={t}"))
+        headers["RateLimit-Policy"] = ", ".join(policies)
+        headers["RateLimit"] = ", ".join(limits)
     if mode in ("legacy", "both"):
         # The policy nearest to denying speaks for the response.
         tightest = min(denied or decisions, key=lambda d: (d.remaining, -d.reset_after))

@@ -31,6 +31,7 @@ from django_redislua.limiting.decision import Decision, PolicyError, RateLimited
 from django_redislua.limiting.engine import Check, PartlyDecided, evaluation, releasing
 from django_redislua.limiting.policy import Policy, check_cost
 from django_redislua.limiting.registry import get_policy
+from django_redislua.problem import quota_exceeded_response
 from django_redislua.protocol import Invoke, Protocol
 from django_redislua.reporting import report_broken, report_outage, report_shadow_denial
 from django_redislua.signals import rate_limited
@@ -302,6 +303,9 @@ def add_headers(
 
 
 def _default_denied(request: HttpRequest, exception: RateLimited) -> HttpResponse:
+    """This app's own 429: plain text, or RFC 9457 problem details (``DENIED_BODY``)."""
+    if settings.DENIED_BODY == "problem":
+        return quota_exceeded_response(exception)
     return HttpResponse(
         "Too Many Requests\n", status=429, content_type="text/plain; charset=utf-8"
     )
@@ -313,8 +317,8 @@ def _denied_view() -> Callable[..., Any]:
 
 
 def denying(request: HttpRequest, exception: RateLimited) -> Protocol[HttpResponseBase]:
-    """``DENIED_VIEW(request, exception)`` (default: a plain 429; sync or ``async def``) plus
-    Retry-After and the rate-limit headers."""
+    """``DENIED_VIEW(request, exception)`` (default: this app's 429, its body per
+    ``DENIED_BODY``; sync or ``async def``) plus Retry-After and the rate-limit headers."""
     view = _denied_view()
     sync = async_to_sync(view) if iscoroutinefunction(view) else view
     response: HttpResponseBase = yield Invoke(sync, (request, exception), asynchronous=view)

@@ -132,6 +132,15 @@ def test_e018_denied_view():
     assert ids(DENIED_VIEW="tests.settings.SECRET_KEY") == ["redislua.E018"]
 
 
+def test_e028_denied_body():
+    for bad in ("json", "Problem", None, True, ["problem"]):
+        assert ids(DENIED_BODY=bad) == ["redislua.E028"], bad
+    assert ids(DENIED_BODY="text") == [] and ids(DENIED_BODY="problem") == []
+    (message,) = check_settings_with(DENIED_BODY="json")
+    assert message.hint.startswith('Use "text" (the default: "Too Many Requests") or "problem"')
+    assert message.hint.endswith("checks.html#redislua-e028")
+
+
 def test_e019_timeouts():
     assert ids(SOCKET_TIMEOUT=0) == ["redislua.E019"]
     assert ids(CONNECTION_OPTIONS=[]) == ["redislua.E019"]

@@ -295,9 +295,25 @@ def test_allowed_and_throttled_responses_carry_ratelimit_headers(clock: Clock) -
     clock.now += 0.5
     denied = call(view, user=ALICE)
     assert denied.status_code == 429
-    assert denied["RateLimit"] == '"user";r=0;t=60'  # full again when t=15 ages out
+    # t is the denial's effective window, which ends with Retry-After (draft -11 section 6):
+    # a request fits again when the hit of t=0 ages out, before the state is full (t=15).
+    assert denied["RateLimit"] == '"user";r=0;t=45'
     assert denied["Retry-After"] == "45"  # DRF's own, from wait() = 44.5
     assert denied.data["detail"].endswith("Expected available in 45 seconds.")
+
+
+@rest({"user": "1/m"})
+def test_denied_body_leaves_drf_rendering_its_own_429() -> None:
+    """REDISLUA["DENIED_BODY"] shapes the decorator's and the middleware's 429 only: DRF renders
+    its Throttled exception itself (its EXCEPTION_HANDLER), and the headers are still ours."""
+    view = view_with(drf.UserRateThrottle)
+    with redislua(DENIED_BODY="problem"):
+        call(view, user=ALICE)
+        denied = call(view, user=ALICE)
+    assert denied.status_code == 429
+    assert denied["Content-Type"] != "application/problem+json"
+    assert set(denied.data) == {"detail"}
+    assert denied["RateLimit"].startswith('"user";r=0;t=') and "Retry-After" in denied
 
 
 @rest({"anon": "2/m", "user": "5/m"})
@@ -456,7 +472,8 @@ def test_concurrency_slot_is_held_while_the_view_runs_and_released_after(r: redi
     view = Export.as_view()
     response = call(view, user=ALICE)
     assert response.status_code == 200
-    assert response["RateLimit-Policy"] == '"export";q=2'
+    assert response["RateLimit-Policy"] == '"export";q=2;qu="concurrent-requests"'
+    assert response["RateLimit"] == '"export";r=1'  # a count in flight: no time window
     assert seen == [1]
     assert r.zcard(export.redis_key("u1")) == 0
 

@@ -1,0 +1,52 @@
+"""The RFC 9457 problem-details body of this app's own 429 (``REDISLUA["DENIED_BODY"] =
+"problem"``), with the problem type draft-ietf-httpapi-ratelimit-headers-11 defines.
+
+Draft -11 section 5.1 defines the "quota-exceeded" problem type, whose extension member
+``violated-policies`` is "an array of strings, whose value is the names of policies where the
+quota was exceeded"; section 10.2.1 registers its URI and its title, "Quota Exceeded", with
+429 as the recommended status. The names are those of the ``RateLimit-Policy`` items
+(:func:`~django_redislua.headers.policy_label`), so a client can match the two. The body is
+built as a dict and serialised by ``json.dumps``: names come from settings, but nothing a
+name contains can break the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.http import HttpResponse
+
+from django_redislua.headers import policy_label, retry_after_seconds
+from django_redislua.limiting.decision import RateLimited
+
+QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+QUOTA_EXCEEDED_TITLE = "Quota Exceeded"
+CONTENT_TYPE = "application/problem+json"  # RFC 9457 section 6.1; JSON is UTF-8, no charset
+
+
+def quota_exceeded(exception: RateLimited) -> dict[str, Any]:
+    """The problem-details object for a request ``exception`` denied."""
+    names = list(dict.fromkeys(  # two rules on one policy share a Decision: name it once
+        policy_label(d.policy.name) for d in exception.decisions if not d.allowed))
+    wait = retry_after_seconds(exception.decisions)  # the Retry-After header's number
+    if wait is None:
+        after = "; no wait will admit this request."  # a zero rate, a cost above capacity
+    elif wait:
+        after = f"; retry after {wait} seconds."
+    else:
+        after = "."  # a RateLimited raised without a denied Decision
+    return {
+        "type": QUOTA_EXCEEDED,
+        "title": QUOTA_EXCEEDED_TITLE,
+        "status": 429,
+        "detail": f"Quota exceeded for {', '.join(names) or 'this request'}{after}",
+        "violated-policies": names,
+    }
+
+
+def quota_exceeded_response(exception: RateLimited) -> HttpResponse:
+    """A 429 whose body is :func:`quota_exceeded` as ``application/problem+json``."""
+    return HttpResponse(
+        json.dumps(quota_exceeded(exception)) + "\n", status=429, content_type=CONTENT_TYPE
+    )
