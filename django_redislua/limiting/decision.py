@@ -19,6 +19,11 @@ class PolicyError(ValueError):
         self.check_id = check_id
 
 
+# What a live override (django_redislua.overrides) did to a Decision: it was refused (BLOCK) or
+# admitted (ALLOW) without its policy deciding, or its policy decided at another rate (RATE).
+BLOCK, ALLOW, RATE = "block", "allow", "rate"
+
+
 class Decision(NamedTuple):
     """What Redis decided for one policy and one identity. Immutable; a named tuple because
     one is built for every decision, at a third of a frozen dataclass's cost."""
@@ -32,6 +37,7 @@ class Decision(NamedTuple):
     key: str | bytes | int = ""
     lease: str | None = None
     local: bool = False  # answered by this process's denial cache, without a round trip
+    override: str | None = None  # BLOCK, ALLOW or RATE: a live override's doing
 
     def __bool__(self) -> bool:
         return self.allowed

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from django_redislua.conf import on_change, settings
 from django_redislua.limiting import clock as decision_clock
-from django_redislua.limiting.decision import Decision
+from django_redislua.limiting.decision import RATE, Decision
 
 if TYPE_CHECKING:
     from django_redislua.limiting.policy import Policy
@@ -50,8 +50,9 @@ MAX_ENTRIES = 10_000
 # clock()): a request on another clock (a test's or a DRF timer's injected time against the
 # monotonic clock) falls outside [sent, until) and asks Redis. The parameters (limit, param,
 # extra) tie a denial to the rate that made it: a rate changed since (settings, a rate
-# callable) asks Redis again.
-Entry = tuple[int, int, int, int, int, int, tuple[int, int, str]]
+# callable) asks Redis again. Last, the live override that denied (decision.BLOCK or RATE), if
+# one did, and the limit the denial was decided with (a changed rate's, or the policy's).
+Entry = tuple[int, int, int, int, int, int, tuple[int, int, str], str | None, int]
 _entries: dict[str, Entry] = {}
 
 
@@ -63,31 +64,35 @@ def answer(key: str, cost: int, now: int, policy: Policy,
             or (cost != entry[0] and (cost < entry[0] or policy.code != "fw"))
             or entry[6] != (policy.limit, policy.param, policy.extra)):
         return None
-    _cost, _sent, _until, lifted, remaining, reset_at, _params = entry
-    return Decision(False, policy.limit, remaining, max(0, reset_at - now) / US,
-                    (lifted - now) / US, policy, identity, None, True)
+    _cost, _sent, _until, lifted, remaining, reset_at, _params, override, limit = entry
+    return Decision(False, limit, remaining, max(0, reset_at - now) / US,
+                    (lifted - now) / US, policy, identity, None, True, override)
 
 
 def learn(key: str, cost: int, sent: int, policy: Policy, reply: Sequence[int],
-          consumed: bool) -> None:
+          consumed: bool, by: str | None = None) -> None:
     """What Redis answered a hit of ``cost`` on ``key`` (its reply: allowed, remaining,
     reset_after us, retry_after us), for a request sent at ``sent``: a denial is remembered;
     a hit that consumed changed the state, so a denial known for a larger cost (with the quota
-    it reported) is dropped."""
+    it reported) is dropped. ``by``: the live override that decided, if one did."""
     if consumed:
         _entries.pop(key, None)
-    elif reply[0] != 1:
-        _record(key, cost, sent, policy, reply)
+    elif not reply[0] & 1:
+        _record(key, cost, sent, policy, reply, by)
+    elif by is not None:  # admitted by an override, nothing consumed: the denial is over
+        _entries.pop(key, None)
 
 
-def _record(key: str, cost: int, sent: int, policy: Policy, reply: Sequence[int]) -> None:
+def _record(key: str, cost: int, sent: int, policy: Policy, reply: Sequence[int],
+            by: str | None) -> None:
     if policy.code == "cc" or not settings.LOCAL_DENY:
         return
     if len(_entries) >= MAX_ENTRIES:
         _make_room(sent)
     retry = reply[3]
     _entries[key] = (cost, sent, sent + min(retry, HORIZON_US), sent + retry, reply[1],
-                     sent + reply[2], (policy.limit, policy.param, policy.extra))
+                     sent + reply[2], (policy.limit, policy.param, policy.extra), by,
+                     reply[4] if by == RATE else policy.limit)
 
 
 def _make_room(now: int) -> None:

@@ -30,7 +30,14 @@ from django_redislua import conf, metrics
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.drivers import adrive, adrive_step, drive, drive_step, stepped
 from django_redislua.limiting import clock, denials
-from django_redislua.limiting.decision import Decision, PolicyError, RateLimited
+from django_redislua.limiting.decision import (
+    ALLOW,
+    BLOCK,
+    RATE,
+    Decision,
+    PolicyError,
+    RateLimited,
+)
 from django_redislua.protocol import Clustered, Execute, Protocol, call_groups, retried, undone
 from django_redislua.scripts import Script, get_script
 from django_redislua.transport import (
@@ -122,7 +129,8 @@ class _One:
             _validate(policy, cost)  # raises for a caller's mistake; else the check is doomed
             self.decided = self._metered(_denied(policy, identity))
             return
-        self.key = key = policy.redis_key(identity)
+        key, overrides = policy.redis_keys(identity)
+        self.key = key
         self.sent = denials.clock(now_us)
         if not peek:
             known = denials.answer(key, cost, self.sent, policy, identity)
@@ -134,8 +142,9 @@ class _One:
         if call[0] != conf.generation:
             call = _single_call(policy)
         self.script = call[1]
-        self.command = (*call[2], key, "peek" if peek else "hit", clock.script_now(now_us),
-                        policy.code, policy.limit, policy.param, cost, extra, "1")
+        self.command = (*call[2], key, overrides, "peek" if peek else "hit",
+                        clock.script_now(now_us), policy.code, policy.limit, policy.param, cost,
+                        extra, "1", policy.name)
 
     def _metered(self, decision: Decision) -> Decision:
         if self.sinks:
@@ -144,12 +153,16 @@ class _One:
 
     def result(self, reply: Sequence[int]) -> Decision:
         policy = self.policy
-        allowed = reply[0] == 1
+        flag = reply[0]
+        if flag > 1:  # a live override answered, or changed the rate
+            return self._metered(_overridden(self, reply))
+        allowed = flag == 1
         if not self.peek:
             denials.learn(self.key, self.cost, self.sent, policy, reply, consumed=allowed)
         return self._metered(_decision(
             (allowed, policy.limit, reply[1], reply[2] / US, reply[3] / US, policy, self.identity,
-             self.extra if allowed and policy.code == "cc" and not self.peek else None, False)))
+             self.extra if allowed and policy.code == "cc" and not self.peek else None, False,
+             None)))
 
     def failed(self, failure: BaseException) -> Protocol[Decision]:
         """Timed as a failure (a socket timeout takes time too); a concurrency lease the lost
@@ -166,6 +179,29 @@ class _One:
 _decision = functools.partial(tuple.__new__, Decision)
 
 
+def overridden_by(flag: int) -> str | None:
+    """What a reply's first integer says of a live override (see lib/override.lua): None, or
+    :data:`~django_redislua.overrides.BLOCK`, ``ALLOW`` or ``RATE``."""
+    if flag < 2:
+        return None
+    if flag >= 4:
+        return RATE
+    return ALLOW if flag & 1 else BLOCK
+
+
+def _overridden(one: _One, reply: Sequence[int]) -> Decision:
+    """The Decision of a single check a live override answered (a block or an allow: nothing
+    consumed) or decided at another rate (the reply's fifth integer is that rate's limit)."""
+    policy, flag = one.policy, reply[0]
+    allowed, override = flag & 1 == 1, overridden_by(flag)
+    consumed = allowed and override == RATE
+    if not one.peek:
+        denials.learn(one.key, one.cost, one.sent, policy, reply, consumed=consumed, by=override)
+    lease = one.extra if consumed and policy.code == "cc" and not one.peek else None
+    return Decision(allowed, reply[4] if override == RATE else policy.limit, reply[1],
+                    reply[2] / US, reply[3] / US, policy, one.identity, lease, False, override)
+
+
 def _single_call(policy: Policy) -> tuple[int, Script, tuple[Any, ...]]:
     """The script a single check of ``policy`` runs (its algorithm's own, see SCRIPT_ONE) and
     the command up to the key ("EVALSHA", sha, 1), cached on the policy with the settings
@@ -173,7 +209,7 @@ def _single_call(policy: Policy) -> tuple[int, Script, tuple[Any, ...]]:
     decide: a policy derived with another rate (``with_rate``) copies the cache, and reads its
     own limit and period."""
     script = get_script(SCRIPT_ONE[policy.code])
-    call = policy._single_call = (conf.generation, script, (*script.head(), 1))
+    call = policy._single_call = (conf.generation, script, (*script.head(), 2))
     return call
 
 
@@ -197,9 +233,10 @@ class _Plan:
         by_key: dict[str, int] = {}
         self.index: list[int] = []  # check i -> its unique check
         unique: list[tuple[Policy, str | bytes | int, int, bool, str]] = []
+        overrides: dict[str, str] = {}  # state key -> its identity's override hash
         for i, (policy, identity, cost) in enumerate(checks):
             _validate(policy, cost)
-            key = policy.redis_key(identity)
+            key, overrides[key] = policy.redis_keys(identity)
             gate = i not in soft
             j = by_key.get(key)
             if j is None:
@@ -240,7 +277,8 @@ class _Plan:
                 keys.append(key)
                 self.extras[j] = _extra(policy)
                 args += (policy.code, policy.limit, policy.param, cost, self.extras[j],
-                         "1" if gate else "0")
+                         "1" if gate else "0", policy.name)
+            keys += [overrides[key] for key in keys]  # KEYS[N + i]: policy i's override hash
             self.calls.append((keys, args))
 
     def commands(self, script: Script) -> list[tuple[Any, ...]]:
@@ -266,20 +304,24 @@ class _Plan:
             gates_allow = not self.gate_closed
             if gates_allow:
                 for n, j in enumerate(group):
-                    if reply[4 * n] != 1 and unique[j][3]:
+                    if not reply[5 * n] & 1 and unique[j][3]:
                         gates_allow = False
                         break
             for n, j in enumerate(group):
                 policy, identity, cost, gate, key = unique[j]
-                allowed = reply[4 * n] == 1
-                consumed = allowed and not peek and (gates_allow or not gate)
+                flag = reply[5 * n]
+                allowed, override = flag & 1 == 1, overridden_by(flag)
+                # A block or an allow consumes nothing; a changed rate consumes as the policy.
+                consumed = (allowed and not peek and (gates_allow or not gate)
+                            and override in (None, RATE))
                 lease = self.extras[j] if consumed and policy.code == "cc" else None
                 decision = Decision(
-                    allowed, policy.limit, reply[4 * n + 1], reply[4 * n + 2] / US,
-                    reply[4 * n + 3] / US, policy, identity, lease,
+                    allowed, reply[5 * n + 4], reply[5 * n + 1], reply[5 * n + 2] / US,
+                    reply[5 * n + 3] / US, policy, identity, lease, False, override,
                 )
                 if not peek:
-                    denials.learn(key, cost, self.sent, policy, reply[4 * n:4 * n + 4], consumed)
+                    denials.learn(key, cost, self.sent, policy, reply[5 * n:5 * n + 5], consumed,
+                                  by=override)
                 out[j] = decision
         return [cast(Decision, out[j]) for j in self.index]
 

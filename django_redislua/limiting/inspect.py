@@ -23,7 +23,7 @@ from django_redislua.conf import settings
 from django_redislua.connection import get_client, primary_nodes
 from django_redislua.limiting import denials
 from django_redislua.limiting.identity import bound_identity
-from django_redislua.limiting.policy import ALGORITHMS, Policy, PolicyError
+from django_redislua.limiting.policy import ALGORITHMS, Policy, PolicyError, overrides_key
 from django_redislua.limiting.registry import get_policy
 from django_redislua.scripts import Script, get_script, registry
 
@@ -211,7 +211,8 @@ def scan_keys(
 
 
 def _peek_args(policy: Policy) -> list[Any]:
-    return ["peek", "", policy.code, policy.limit, policy.param, 1, policy.extra, "1"]
+    return ["peek", "", policy.code, policy.limit, policy.param, 1, policy.extra, "1",
+            policy.name]
 
 
 def _first_pass(client: redis.Redis, keys: Sequence[str], script: Script,
@@ -227,8 +228,9 @@ def _first_pass(client: redis.Redis, keys: Sequence[str], script: Script,
             pipe.type(key)
             pipe.pttl(key)
             pipe.memory_usage(key)
-            if policy is not None:
-                pipe.evalsha(script.sha, 1, key, *_peek_args(policy))
+            if policy is not None:  # with the identity's overrides: what its next hit meets
+                tag = key[key.rindex("{") + 1:-1]  # a state key ends with its identity's tag
+                pipe.evalsha(script.sha, 2, key, overrides_key(tag), *_peek_args(policy))
         replies = pipe.execute(raise_on_error=False)
         if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
             client.script_load(script.source)

@@ -52,6 +52,14 @@ _DOTTED_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 # Integers above 2^53 are not exact in a Lua number (a double): the scripts' bucket arithmetic
 # (capacity times the interval numerator) must stay well below it.
 MAX_EXACT = 2**53
+# The key kind of an identity's live overrides (django_redislua.overrides): one hash per
+# identity, "<KEY_PREFIX>:ov:{<identity>}", in the slot of the identity's state keys.
+OVERRIDES = "ov"
+
+
+def overrides_key(tag: str) -> str:
+    """The override hash of the identity whose hash tag (:func:`bound_identity`) is ``tag``."""
+    return f"{settings.KEY_PREFIX}:{OVERRIDES}:{{{tag}}}"
 
 
 def _positive_int(value: object, check_id: str, what: str) -> int:
@@ -132,8 +140,9 @@ class Policy:
         self.burst: int | None = None
         self.extra = ""  # the script's per-policy "extra" argument, where the algorithm has one
         self._rate_callable: Callable[..., str | None] | None = None
-        # (settings generation, "<KEY_PREFIX>:<name>:<code>:{"): see redis_key
-        self._key_head: tuple[int, str] = (-1, "")
+        # (settings generation, "<KEY_PREFIX>:<name>:<code>:{", "<KEY_PREFIX>:ov:{"): see
+        # redis_key and redis_keys
+        self._key_head: tuple[int, str, str] = (-1, "", "")
         # The engine's cache of what a single check sends (engine._single_call).
         self._single_call: tuple[int, Any, tuple[Any, ...]] = (-1, None, ())
 
@@ -250,11 +259,23 @@ class Policy:
         """
         if prefix is not None:
             return f"{prefix}:{self.name}:{self.code}:{{{bound_identity(identity)}}}"
+        return self._heads()[1] + bound_identity(identity) + "}"
+
+    def redis_keys(self, identity: str | bytes | int) -> tuple[str, str]:
+        """The key of this policy's state for ``identity`` and the key of ``identity``'s
+        overrides (:mod:`django_redislua.overrides`): one hash tag, so one cluster slot."""
+        head = self._heads()
+        bound = bound_identity(identity)
+        return head[1] + bound + "}", head[2] + bound + "}"
+
+    def _heads(self) -> tuple[int, str, str]:
         head = self._key_head  # every decision builds a key: the head is built once per settings
         if head[0] != conf.generation:
+            prefix = settings.KEY_PREFIX
             head = self._key_head = (
-                conf.generation, f"{settings.KEY_PREFIX}:{self.name}:{self.code}:{{")
-        return head[1] + bound_identity(identity) + "}"
+                conf.generation, f"{prefix}:{self.name}:{self.code}:{{",
+                f"{prefix}:{OVERRIDES}:{{")
+        return head
 
     # -- deciding (one round trip each) -------------------------------------------------------
     def hit(self, key: str | bytes | int, cost: int | None = None) -> Decision:

@@ -1,6 +1,6 @@
 -- Rate-limit decision for one sliding_window policy ("sw"): KEYS and ARGV as ratelimit.lua's with
--- one policy (KEYS[1] its state key; ARGV[1] "hit", "peek" or "soft"; ARGV[2] "" (TIME), "+N"
--- (TIME plus N us) or the time; ARGV[3..8] the policy's six). The engine sends a single check
+-- one policy (KEYS[1] its state key, KEYS[2] its identity's override hash; ARGV[1] "hit", "peek" or "soft"; ARGV[2] "" (TIME), "+N"
+-- (TIME plus N us) or the time; ARGV[3..9] the policy's seven). The engine sends a single check
 -- here (ARGV[3], the algorithm's code, is this script's). Flat: an EVALSHA re-creates every
 -- function a script defines on each call, so the algorithm is inlined as a block between the
 -- single-policy start and end.

@@ -4,39 +4,57 @@ local function decide_all(KEYS, ARGV)
   local now = ARGV[2]
 --#include lib/clock.lua
   local hit = ARGV[1] == 'hit' or ARGV[1] == 'soft'
+  local n = #KEYS / 2
+
+  -- Each policy's live override, read once (lib/override.lua): its kind (false: none), end,
+  -- and the limit, param and extra to decide with.
+  local found = {}
+  local function override_of(i)
+    local o = 3 + 7 * (i - 1)
+    local ovkey, name, code = KEYS[n + i], ARGV[o + 6], ARGV[o]
+    local limit, param, extra = tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]), ARGV[o + 4]
+--#include lib/override.lua
+    return {override or false, override_until, limit, param, extra}
+  end
+  for i = 1, n do found[i] = override_of(i) end
 
   -- Decide every policy without writing; then, on a hit, decide again consuming those that may
   -- consume. Keys are distinct and nothing was written in between, so the second pass decides
   -- the same as the first for every policy it touches. (The engine sends a single policy to
-  -- its algorithm's own script, which decides once.)
+  -- its algorithm's own script, which decides once.) An override's block or allow consumes
+  -- nothing.
   local function decide(i, consume)
-    local o = 3 + 6 * (i - 1)
-    return decide_policy(ARGV[o], KEYS[i], now, tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]),
-                         tonumber(ARGV[o + 3]), ARGV[o + 4], consume)
+    local o, ov = 3 + 7 * (i - 1), found[i]
+    if ov[1] == 'b' then return false, 0, ov[2] - now, ov[2] - now end
+    if ov[1] == 'a' then return true, ov[3], 0, 0 end
+    return decide_policy(ARGV[o], KEYS[i], now, ov[3], ov[4], tonumber(ARGV[o + 3]), ov[5],
+                         consume)
   end
 
   local reply, gates_allow = {}, ARGV[1] ~= 'soft'
-  for i = 1, #KEYS do
+  for i = 1, n do
     local allowed, remaining, reset, retry = decide(i, false)
     if allowed == nil then
-      return redis.error_reply('ERR redislua: unknown algorithm ' .. tostring(ARGV[3 + 6 * (i - 1)]))
+      return redis.error_reply('ERR redislua: unknown algorithm ' .. tostring(ARGV[3 + 7 * (i - 1)]))
     end
 --#include lib/clamp.lua
-    reply[4 * i - 3] = allowed and 1 or 0
-    reply[4 * i - 2] = remaining
-    reply[4 * i - 1] = reset
-    reply[4 * i] = retry
-    if not allowed and ARGV[3 + 6 * (i - 1) + 5] == '1' then gates_allow = false end
+    local kind = found[i][1]
+    reply[5 * i - 4] = (allowed and 1 or 0) + (kind == 'r' and 4 or kind and 2 or 0)
+    reply[5 * i - 3] = remaining
+    reply[5 * i - 2] = reset
+    reply[5 * i - 1] = retry
+    reply[5 * i] = found[i][3]
+    if not allowed and ARGV[3 + 7 * (i - 1) + 5] == '1' then gates_allow = false end
   end
   if hit then
-    for i = 1, #KEYS do
-      local gate = ARGV[3 + 6 * (i - 1) + 5] == '1'
-      if reply[4 * i - 3] == 1 and (gates_allow or not gate) then
+    for i = 1, n do
+      local gate = ARGV[3 + 7 * (i - 1) + 5] == '1'
+      if reply[5 * i - 4] % 2 == 1 and (gates_allow or not gate) then
         local _, remaining, reset, retry = decide(i, true)
 --#include lib/clamp.lua
-        reply[4 * i - 2] = remaining
-        reply[4 * i - 1] = reset
-        reply[4 * i] = retry
+        reply[5 * i - 3] = remaining
+        reply[5 * i - 2] = reset
+        reply[5 * i - 1] = retry
       end
     end
   end

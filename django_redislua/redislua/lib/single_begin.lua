@@ -3,10 +3,19 @@
 -- and outputs (allowed, remaining, reset, retry). One policy: consuming only when allowed is
 -- already all-or-nothing, so the block consumes on a hit, and on a soft hit when the policy
 -- does not gate. Numbers are read with `+ 0` (Lua's own coercion), cheaper than a call to the
--- global tonumber on this path.
+-- global tonumber on this path. A live override (lib/override.lua) answers instead of the
+-- algorithm, or changes its rate: the block runs inside the `else` this opens, which
+-- lib/single_end.lua closes.
 local now = ARGV[2]
 --#include lib/clock.lua
 local key, extra = KEYS[1], ARGV[7]
 local limit, param, cost = ARGV[4] + 0, ARGV[5] + 0, ARGV[6] + 0
 local consume = ARGV[1] == 'hit' or (ARGV[1] == 'soft' and ARGV[8] == '0')
+local ovkey, name, code = KEYS[2], ARGV[9], ARGV[3]
+--#include lib/override.lua
 local allowed, remaining, reset, retry
+if override == 'b' then
+  allowed, remaining, reset, retry = false, 0, override_until - now, override_until - now
+elseif override == 'a' then
+  allowed, remaining, reset, retry = true, limit, 0, 0
+else

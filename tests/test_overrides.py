@@ -1,0 +1,232 @@
+"""Live overrides (django_redislua.overrides) against real Redis: block, allow and a changed
+rate decided inside the decision's own script, single and multi-policy, EVALSHA and Functions,
+single server and cluster; expiry on the decisions' clock; the local denial cache; hostile
+values; one command per decision."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.test import override_settings
+
+from django_redislua import Policy, overrides
+from django_redislua.limiting import clock, evaluate
+from django_redislua.limiting.decision import ALLOW, BLOCK, RATE
+from django_redislua.limiting.policy import overrides_key
+from django_redislua.testing import CommandRecorder
+
+pytestmark = pytest.mark.topologies
+
+ALGORITHMS = ["fixed_window", "sliding_log", "sliding_window", "token_bucket", "leaky_bucket",
+              "gcra", "concurrency"]
+
+
+def make(algorithm: str, name: str = "api", rate: str = "2/h") -> Policy:
+    if algorithm == "concurrency":
+        return Policy(name, algorithm=algorithm, limit=2, timeout="10m")
+    return Policy(name, rate=rate, algorithm=algorithm)
+
+
+@pytest.fixture(params=["evalsha", "functions"])
+def mode(request: pytest.FixtureRequest) -> Iterator[str]:
+    from tests.settings import REDISLUA  # the topology fixture may have changed it
+
+    with override_settings(REDISLUA={**REDISLUA, "USE_FUNCTIONS": request.param == "functions"}):
+        yield request.param
+
+
+@pytest.fixture(autouse=True)
+def _clock_back() -> Iterator[None]:
+    yield
+    clock.reset()
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_block_refuses_without_consuming_for_its_remaining_time(algorithm: str,
+                                                                    mode: str) -> None:
+    policy = make(algorithm)
+    assert policy.hit("u").allowed
+    overrides.block(policy, "u", ttl="1h", reason="stuffing")
+    denied = policy.hit("u")
+    assert (denied.allowed, denied.override, denied.remaining) == (False, BLOCK, 0)
+    assert 3590 < denied.retry_after <= 3600
+    assert policy.hit("other").allowed  # only that identity
+    assert overrides.clear(policy, "u")
+    after = policy.hit("u")
+    assert after.allowed and after.override is None
+    assert after.remaining == 0  # two of two: the blocked hits consumed nothing
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_an_allow_admits_past_the_limit_without_consuming(algorithm: str, mode: str) -> None:
+    policy = make(algorithm)
+    overrides.allow(policy, "partner", ttl="30d", reason="partner")
+    for _ in range(5):
+        decision = policy.hit("partner")
+        assert (decision.allowed, decision.override, decision.remaining) == (True, ALLOW, 2)
+        assert decision.lease is None  # nothing taken, nothing to give back
+    overrides.clear(policy, "partner")
+    assert policy.hit("partner").remaining == 1  # the full quota was left
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "concurrency"])
+def test_a_changed_rate_decides_at_that_rate_on_the_identitys_state(algorithm: str,
+                                                                     mode: str) -> None:
+    policy = make(algorithm)
+    overrides.set_rate(policy, "plan", "5/h", ttl="1d", reason="enterprise")
+    decisions = [policy.hit("plan") for _ in range(6)]
+    assert [d.allowed for d in decisions] == [True] * 5 + [False]
+    assert {d.limit for d in decisions} == {5} and {d.override for d in decisions} == {RATE}
+    overrides.clear(policy, "plan")
+    back = policy.hit("plan")
+    assert not back.allowed and back.limit == 2  # the state carried over: no fresh quota
+
+
+def test_a_changed_rate_of_a_concurrency_policy_changes_its_slots(mode: str) -> None:
+    policy = make("concurrency")
+    overrides.set_rate(policy, "big", "4", ttl="1h")
+    held = [policy.hit("big") for _ in range(5)]
+    assert [d.allowed for d in held] == [True] * 4 + [False]
+    for decision in held[:4]:
+        policy.release("big", decision)
+    assert policy.hit("big").allowed
+
+
+def test_every_policy_and_the_policys_own_override_winning(mode: str) -> None:
+    login, api = make("gcra", "login"), make("sliding_window", "api")
+    overrides.block("*", "203.0.113.7", ttl="10m", reason="everywhere")
+    assert not login.hit("203.0.113.7").allowed and not api.hit("203.0.113.7").allowed
+    overrides.allow(api, "203.0.113.7", ttl="10m")  # its own override wins over "*"
+    assert api.hit("203.0.113.7").override == ALLOW
+    assert login.hit("203.0.113.7").override == BLOCK
+    assert overrides.clear("*", "203.0.113.7")
+    assert login.hit("203.0.113.7").allowed
+
+
+def test_several_policies_in_one_call(mode: str) -> None:
+    """A block on a gating policy refuses the request: the others consume nothing; a soft
+    policy's allow admits it alone."""
+    strict, loose = make("fixed_window", "strict"), make("token_bucket", "loose")
+    overrides.block(strict, "u", ttl="1h")
+    first = evaluate([(strict, "u", 1), (loose, "u", 1)])
+    assert [(d.allowed, d.override) for d in first] == [(False, BLOCK), (True, None)]
+    overrides.clear(strict, "u")
+    second = evaluate([(strict, "u", 1), (loose, "u", 1)])
+    assert [d.remaining for d in second] == [1, 1]  # the blocked call consumed nothing
+    overrides.set_rate(loose, "u", "10/h", ttl="1h")
+    third = evaluate([(strict, "u", 1), (loose, "u", 1)])
+    assert [(d.limit, d.override) for d in third] == [(2, None), (10, RATE)]
+
+
+def test_an_override_ends_on_the_decisions_clock() -> None:
+    policy = make("fixed_window", rate="1/d")
+    assert policy.hit("u").allowed
+    overrides.allow(policy, "u", ttl="1h")
+    assert policy.hit("u").allowed
+    found = overrides.get(policy, "u")
+    assert found is not None and found.kind == ALLOW
+    clock.advance(3601)  # the testing helpers' advance(): decisions and overrides alike
+    assert overrides.get(policy, "u") is None
+    assert not policy.hit("u").allowed  # the day's quota is back in charge
+
+
+def test_a_decision_is_one_command_with_or_without_an_override(r: redis.Redis,
+                                                               mode: str) -> None:
+    policy = make("gcra")
+    policy.hit("warm")
+    overrides.block(policy, "u", ttl="1h")
+    with CommandRecorder(r) as recorder:
+        assert not policy.hit("u").allowed
+        assert policy.hit("v").allowed
+    assert recorder.commands == ["FCALL" if mode == "functions" else "EVALSHA"] * 2
+
+
+def test_this_process_forgets_a_local_denial_at_once() -> None:
+    policy = make("fixed_window", rate="1/h")
+    policy.hit("u")
+    assert not policy.hit("u").allowed
+    assert policy.hit("u").local  # the flood is answered here now
+    overrides.allow(policy, "u", ttl="1m")
+    assert policy.hit("u").allowed
+    overrides.clear(policy, "u")
+    overrides.block(policy, "u", ttl="1m")
+    blocked = policy.hit("u")
+    assert blocked.override == BLOCK and not blocked.local
+    again = policy.hit("u")
+    assert again.local and again.override == BLOCK  # a blocked flood costs no round trip
+
+
+def test_get_and_scan_read_what_was_set(mode: str) -> None:
+    policy = make("sliding_log")
+    made = overrides.set_rate(policy, "k1", "9/h", ttl="2h", reason="plan <b>", by="ops")
+    overrides.block("*", "k2", ttl="5m", reason="abuse")
+    found = overrides.get(policy, "k1")
+    assert found is not None
+    assert (found.kind, found.rate, found.reason, found.created_by, found.identity) == \
+        (RATE, "9/h", "plan <b>", "ops", "k1")
+    assert found.expires_at == made.expires_at
+    assert overrides.get(policy, "k2") is None  # only its own field: "*" is get("*", ...)
+    assert overrides.get("*", "k2") is not None
+    listed = sorted((o.policy, o.identity, o.kind) for o in overrides.scan())
+    assert listed == [("*", "k2", BLOCK), ("api", "k1", RATE)]
+    assert [o.identity for o in overrides.scan(policy="*")] == ["k2"]
+    assert not overrides.clear(policy, "nobody")
+
+
+def test_hostile_values_make_bounded_keys_and_records(r: redis.Redis) -> None:
+    policy = make("fixed_window")
+    identity = "{" + "x\n<script>" * 100_000 + "}"
+    made = overrides.block(policy, identity, ttl="1m", reason="r" * 1_000_000, by="b" * 10_000)
+    assert len(made.reason) == overrides.MAX_REASON and len(made.identity) == overrides.MAX_SHOWN
+    assert not policy.hit(identity).allowed
+    key = policy.redis_keys(identity)[1]
+    assert len(key) < 80
+    node = r.get_redis_connection(r.get_node_from_key(key)) if hasattr(r, "get_node_from_key") \
+        else r
+    assert node.memory_usage(key) < 4096
+
+
+def test_mistakes_are_named() -> None:
+    policy = make("gcra")
+    with pytest.raises(ValueError, match='"\\*" has no rate'):
+        overrides.set_rate("*", "u", "5/m", ttl="1h")
+    with pytest.raises(ValueError, match="longer than an override may last"):
+        overrides.block(policy, "u", ttl="400d")
+    with pytest.raises(ValueError, match="duration"):
+        overrides.block(policy, "u", ttl="forever")
+    with pytest.raises(ValueError, match="rate"):
+        overrides.set_rate(policy, "u", "lots", ttl="1h")
+    with pytest.raises(KeyError):
+        overrides.block("no-such-policy", "u", ttl="1h")
+
+
+def test_redis_failing_raises_override_unavailable() -> None:
+    from tests.settings import REDISLUA
+
+    down = {**REDISLUA, "CONNECTION": "redis://127.0.0.1:1/0", "SOCKET_CONNECT_TIMEOUT": 0.2}
+    with override_settings(REDISLUA=down), pytest.raises(overrides.OverrideUnavailable):
+        overrides.block(make("gcra"), "u", ttl="1h")
+
+
+async def test_the_asyncio_twins(mode: str) -> None:
+    policy = make("token_bucket")
+    await overrides.ablock(policy, "u", ttl="1h")
+    assert (await policy.ahit("u")).override == BLOCK
+    assert (await overrides.aget(policy, "u")) is not None
+    assert await overrides.aclear(policy, "u")
+    await overrides.aallow(policy, "u", ttl="1h")
+    assert (await policy.ahit("u")).override == ALLOW
+    await overrides.aset_rate(policy, "u", "7/h", ttl="1h")
+    assert (await policy.ahit("u")).limit == 7
+
+
+def test_the_override_key_shares_the_identitys_slot() -> None:
+    from redis.crc import key_slot
+
+    policy = make("gcra")
+    state, override = policy.redis_keys("user:42")
+    assert override == overrides_key("user:42")
+    assert key_slot(state.encode()) == key_slot(override.encode())
+
