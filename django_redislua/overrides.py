@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from django_redislua.conf import settings
 from django_redislua.connection import primary_nodes
@@ -43,8 +43,8 @@ from django_redislua.limiting.identity import bound_identity
 from django_redislua.limiting.inspect import glob_escape
 from django_redislua.limiting.policy import OVERRIDES, Policy, overrides_key
 from django_redislua.limiting.rates import parse_duration
-from django_redislua.limiting.registry import get_policy
-from django_redislua.recipes.base import Op, RecipeUnavailable, arun, run
+from django_redislua.limiting.registry import UnknownPolicy, get_policy
+from django_redislua.recipes.base import Op, arun, run
 
 __all__ = [
     "ALLOW",
@@ -66,7 +66,6 @@ __all__ = [
     "set_rate",
 ]
 
-T = TypeVar("T")
 EVERY_POLICY = "*"
 MAX_TTL = 366 * 86_400.0  # seconds: an override is an incident's or a contract's, not forever
 MAX_REASON = 500  # characters kept of a reason
@@ -99,15 +98,26 @@ def _bounded(text: object, most: int) -> str:
     return value if len(value) <= most else value[:most - 1] + "\u2026"
 
 
-def _policy_name(policy: Policy | str, every: bool) -> tuple[str, Policy | None]:
-    """The field an override of ``policy`` is kept in, and the policy (None for "*")."""
+def _policy_name(policy: Policy | str, every: bool, configured: bool = True
+                 ) -> tuple[str, Policy | None]:
+    """The field an override of ``policy`` is kept in, and the policy (None for "*", or for
+    a name no longer configured when ``configured`` is False: its override can still be read
+    and cleared). An unknown name raises UnknownPolicy (a KeyError) naming the known ones."""
     if isinstance(policy, Policy):
         return policy.name, policy
+    if not isinstance(policy, str) or not policy or len(policy) > MAX_SHOWN:
+        raise ValueError(f"a policy is a Policy, a configured policy's name or {EVERY_POLICY!r}, "
+                         f"not {str(policy)[:40]!r}")
     if policy == EVERY_POLICY:
         if not every:
             raise ValueError('a changed rate is for one policy: "*" has no rate to change')
         return EVERY_POLICY, None
-    return policy, get_policy(policy)  # raises KeyError naming the configured policies
+    try:
+        return policy, get_policy(policy)
+    except UnknownPolicy:
+        if configured:
+            raise
+        return policy, None
 
 
 def _ttl_us(ttl: object) -> int:
@@ -118,8 +128,9 @@ def _ttl_us(ttl: object) -> int:
 
 
 def _setting(policy: Policy | str, identity: str | bytes | int, kind: str, ttl: object,
-             reason: str, by: object, rate: str | None = None) -> tuple[Op[Override], str]:
-    """The script call that sets an override, and the state key whose local denial it ends."""
+             reason: str, by: object, rate: str | None = None) -> Op[Override]:
+    """The script call that sets an override; on its reply, this process's local denial of
+    that policy and identity ends (an allow or a changed rate admits at once)."""
     name, resolved = _policy_name(policy, every=kind != "r")
     value = kind
     if kind == "r":
@@ -134,18 +145,19 @@ def _setting(policy: Policy | str, identity: str | bytes | int, kind: str, ttl: 
             value = f"r|{derived.code}|{derived.limit}|{derived.param}|{derived.extra}"
     shown = _bounded(identity if not isinstance(identity, bytes)
                      else identity.decode("utf-8", "replace"), MAX_SHOWN)
-    created = time.time()
     meta = {"identity": shown, "rate": rate, "reason": _bounded(reason, MAX_REASON),
-            "created_by": None if by is None else _bounded(by, MAX_SHOWN), "created_at": created}
-    tag = bound_identity(identity)
-    key = overrides_key(tag)
+            "created_by": None if by is None else _bounded(by, MAX_SHOWN),
+            "created_at": time.time()}
+    state = None if resolved is None else resolved.redis_key(identity)
 
     def read(ends: Any) -> Override:
+        if kind != "b":
+            denials.forget(state)  # None: "*", every entry
         return _override(name, _KINDS[kind], int(ends), meta)
 
-    op = Op("django_redislua.override_set", [key],
-            [name, value, _ttl_us(ttl), json.dumps(meta), clock.script_now(None)], read)
-    return op, "" if resolved is None else resolved.redis_key(identity)
+    return Op("django_redislua.override_set", [overrides_key(bound_identity(identity))],
+              [name, value, _ttl_us(ttl), json.dumps(meta), clock.script_now(None)], read,
+              OverrideUnavailable)
 
 
 def _override(name: str, kind: str, ends_us: int, meta: dict[str, Any]) -> Override:
@@ -178,86 +190,59 @@ def _parsed(name: str, value: bytes | str | None, meta: bytes | str | None, now_
     return _override(name, _KINDS[parts[0]], ends, data if isinstance(data, dict) else {})
 
 
-def _forgotten(state_key: str) -> None:
-    """This process's local denial of ``state_key`` (or of every key, for "*") ends at once."""
-    denials.forget(state_key or None)
-
-
-# -- the API -----------------------------------------------------------------------------------
+# -- the API: one script call each, sync or on the asyncio driver --------------------------------
 
 def block(policy: Policy | str, identity: str | bytes | int, *, ttl: object, reason: str = "",
           by: object = None) -> Override:
     """Refuse ``identity`` under ``policy`` (or "*") for ``ttl``, consuming nothing."""
-    op, _state = _setting(policy, identity, "b", ttl, reason, by)
-    return _run(op)
+    return run(_setting(policy, identity, "b", ttl, reason, by))
 
 
 def allow(policy: Policy | str, identity: str | bytes | int, *, ttl: object, reason: str = "",
           by: object = None) -> Override:
     """Admit ``identity`` under ``policy`` (or "*") for ``ttl``, consuming nothing."""
-    op, state = _setting(policy, identity, "a", ttl, reason, by)
-    override = _run(op)
-    _forgotten(state)
-    return override
+    return run(_setting(policy, identity, "a", ttl, reason, by))
 
 
 def set_rate(policy: Policy | str, identity: str | bytes | int, rate: str, *, ttl: object,
              reason: str = "", by: object = None) -> Override:
-    """Decide ``identity`` under ``policy`` at ``rate`` (its algorithm, its own state) for
-    ``ttl``."""
-    op, state = _setting(policy, identity, "r", ttl, reason, by, rate)
-    override = _run(op)
-    _forgotten(state)
-    return override
+    """Decide ``identity`` under ``policy`` at ``rate`` (its algorithm, on the identity's own
+    state; for a concurrency policy, a number of slots) for ``ttl``."""
+    return run(_setting(policy, identity, "r", ttl, reason, by, rate))
 
 
 def get(policy: Policy | str, identity: str | bytes | int) -> Override | None:
     """The live override of ``policy`` (a name, or "*") for ``identity``, or None. Only that
     field: a "*" override is ``get("*", identity)``."""
-    name, _policy = _policy_name(policy, every=True)
-    return _run(_getting(name, identity))
+    return run(_getting(policy, identity))
 
 
 def clear(policy: Policy | str, identity: str | bytes | int) -> bool:
     """End the override of ``policy`` (or "*") for ``identity``; False when there was none."""
-    name, resolved = _policy_name(policy, every=True)
-    cleared = _run(_clearing(name, identity))
-    _forgotten("" if resolved is None else resolved.redis_key(identity))
-    return cleared
+    return run(_clearing(policy, identity))
 
 
-async def ablock(policy: Policy | str, identity: str | bytes | int, *, ttl: object,
-                 reason: str = "", by: object = None) -> Override:
-    op, _state = _setting(policy, identity, "b", ttl, reason, by)
-    return await _arun(op)
+def ablock(policy: Policy | str, identity: str | bytes | int, *, ttl: object, reason: str = "",
+           by: object = None) -> Awaitable[Override]:
+    return arun(_setting(policy, identity, "b", ttl, reason, by))
 
 
-async def aallow(policy: Policy | str, identity: str | bytes | int, *, ttl: object,
-                 reason: str = "", by: object = None) -> Override:
-    op, state = _setting(policy, identity, "a", ttl, reason, by)
-    override = await _arun(op)
-    _forgotten(state)
-    return override
+def aallow(policy: Policy | str, identity: str | bytes | int, *, ttl: object, reason: str = "",
+           by: object = None) -> Awaitable[Override]:
+    return arun(_setting(policy, identity, "a", ttl, reason, by))
 
 
-async def aset_rate(policy: Policy | str, identity: str | bytes | int, rate: str, *,
-                    ttl: object, reason: str = "", by: object = None) -> Override:
-    op, state = _setting(policy, identity, "r", ttl, reason, by, rate)
-    override = await _arun(op)
-    _forgotten(state)
-    return override
+def aset_rate(policy: Policy | str, identity: str | bytes | int, rate: str, *, ttl: object,
+              reason: str = "", by: object = None) -> Awaitable[Override]:
+    return arun(_setting(policy, identity, "r", ttl, reason, by, rate))
 
 
-async def aget(policy: Policy | str, identity: str | bytes | int) -> Override | None:
-    name, _policy = _policy_name(policy, every=True)
-    return await _arun(_getting(name, identity))
+def aget(policy: Policy | str, identity: str | bytes | int) -> Awaitable[Override | None]:
+    return arun(_getting(policy, identity))
 
 
-async def aclear(policy: Policy | str, identity: str | bytes | int) -> bool:
-    name, resolved = _policy_name(policy, every=True)
-    cleared = await _arun(_clearing(name, identity))
-    _forgotten("" if resolved is None else resolved.redis_key(identity))
-    return cleared
+def aclear(policy: Policy | str, identity: str | bytes | int) -> Awaitable[bool]:
+    return arun(_clearing(policy, identity))
 
 
 def scan(policy: str | None = None, count: int = 500) -> Iterator[Override]:
@@ -279,31 +264,26 @@ def scan(policy: str | None = None, count: int = 500) -> Iterator[Override]:
 
 # -- plumbing ----------------------------------------------------------------------------------
 
-def _getting(name: str, identity: str | bytes | int) -> Op[Override | None]:
+def _getting(policy: Policy | str, identity: str | bytes | int) -> Op[Override | None]:
+    name, _resolved = _policy_name(policy, every=True, configured=False)
+
     def read(reply: Any) -> Override | None:
         return _parsed(name, reply[1], reply[2], int(reply[0]))
 
     return Op("django_redislua.override_get", [overrides_key(bound_identity(identity))],
-              [clock.script_now(None), name], read)
+              [clock.script_now(None), name], read, OverrideUnavailable)
 
 
-def _clearing(name: str, identity: str | bytes | int) -> Op[bool]:
+def _clearing(policy: Policy | str, identity: str | bytes | int) -> Op[bool]:
+    name, resolved = _policy_name(policy, every=True, configured=False)
+    state = None if resolved is None else resolved.redis_key(identity)
+
+    def read(reply: Any) -> bool:
+        denials.forget(state)  # None: "*", every entry
+        return bool(reply)
+
     return Op("django_redislua.override_clear", [overrides_key(bound_identity(identity))],
-              [name], lambda reply: bool(reply))
-
-
-def _run(op: Op[T]) -> T:
-    try:
-        return run(op)
-    except RecipeUnavailable as exc:  # one script call, as a recipe's: Redis failed
-        raise OverrideUnavailable(str(exc)) from exc
-
-
-async def _arun(op: Op[T]) -> T:
-    try:
-        return await arun(op)
-    except RecipeUnavailable as exc:
-        raise OverrideUnavailable(str(exc)) from exc
+              [name], read, OverrideUnavailable)
 
 
 def _now_us(client: Any) -> int:

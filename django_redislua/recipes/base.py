@@ -46,12 +46,14 @@ class RecipeUnavailable(Exception):
 
 @dataclass(frozen=True)
 class Op(Generic[T]):
-    """One operation: ``script`` called with ``keys`` and ``args``, its reply read by ``read``."""
+    """One operation: ``script`` called with ``keys`` and ``args``, its reply read by ``read``;
+    Redis failing raises ``unavailable`` (live overrides share this with the recipes)."""
 
     script: str
     keys: Sequence[str]
     args: Sequence[Arg]
     read: Callable[[Any], T]
+    unavailable: type[Exception] = RecipeUnavailable
 
 
 def delete_op(keys: Sequence[str]) -> Op[bool]:
@@ -70,10 +72,11 @@ class _Step(Generic[T]):
         self.script = get_script(op.script)
         self.command = self.script.command(op.keys, op.args)
         self.result = op.read
+        self.unavailable = op.unavailable
 
     def failed(self, failure: BaseException) -> Protocol[T]:
         if isinstance(failure, CLIENT_ERRORS):
-            error = RecipeUnavailable(f"Redis failed during {self.script.name}: {failure}")
+            error = self.unavailable(f"Redis failed during {self.script.name}: {failure}")
             error.__cause__ = failure
             return raising(error)
         return raising(failure)
