@@ -29,7 +29,10 @@ _MODULES = {PROMETHEUS: "prometheus_client", OPENTELEMETRY: "opentelemetry.metri
 
 ALLOWED, DENIED, SHADOW_DENIED = "allowed", "denied", "shadow_denied"
 FAILED_OPEN, UNAVAILABLE = "failed_open", "unavailable"
-DECISION_RESULTS = (ALLOWED, DENIED, SHADOW_DENIED, FAILED_OPEN, UNAVAILABLE)
+# A live override's doing (django_redislua.overrides): refused by a block, admitted by an allow.
+BLOCKED, ALLOWED_BY_OVERRIDE = "blocked", "allowed_by_override"
+DECISION_RESULTS = (ALLOWED, DENIED, SHADOW_DENIED, FAILED_OPEN, UNAVAILABLE, BLOCKED,
+                    ALLOWED_BY_OVERRIDE)
 ACQUIRED, TIMEOUT = "acquired", "timeout"
 LOCK_RESULTS = (ACQUIRED, TIMEOUT, UNAVAILABLE)
 

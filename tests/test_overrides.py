@@ -230,3 +230,22 @@ def test_the_override_key_shares_the_identitys_slot() -> None:
     assert override == overrides_key("user:42")
     assert key_slot(state.encode()) == key_slot(override.encode())
 
+
+
+def test_decisions_are_counted_as_blocked_and_allowed_by_override() -> None:
+    from prometheus_client import REGISTRY
+
+    def count(result: str) -> float:
+        labels = {"policy": "counted", "algorithm": "gcra", "result": result}
+        return REGISTRY.get_sample_value("redislua_decisions_total", labels) or 0.0
+
+    policy = make("gcra", "counted")
+    before = {result: count(result) for result in ("blocked", "allowed_by_override", "denied")}
+    overrides.block(policy, "u", ttl="1m")
+    assert policy.hit("u").override == BLOCK
+    assert policy.hit("u").local  # answered here, still a block
+    overrides.allow(policy, "v", ttl="1m")
+    policy.hit("v")
+    assert count("blocked") - before["blocked"] == 2
+    assert count("allowed_by_override") - before["allowed_by_override"] == 1
+    assert count("denied") == before["denied"]

@@ -338,10 +338,14 @@ class PartlyDecided(redis.RedisError):
 
 
 def metric_result(decision: Decision) -> str:
-    """The ``result`` label of a decided Decision (see :mod:`django_redislua.metrics`)."""
+    """The ``result`` label of a decided Decision (see :mod:`django_redislua.metrics`): a shadow
+    policy's denial is a shadow denial whatever denied it (a block included: what it would have
+    done); a live override's block or allow says so."""
     if decision.allowed:
-        return metrics.ALLOWED
-    return metrics.SHADOW_DENIED if decision.policy.shadow else metrics.DENIED
+        return metrics.ALLOWED_BY_OVERRIDE if decision.override == ALLOW else metrics.ALLOWED
+    if decision.policy.shadow:
+        return metrics.SHADOW_DENIED
+    return metrics.BLOCKED if decision.override == BLOCK else metrics.DENIED
 
 
 def _metered(decisions: Sequence[Decision], seconds: float,
