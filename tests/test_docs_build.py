@@ -164,8 +164,8 @@ def test_every_setting_check_and_command_is_documented(site: dict[str, Page]) ->
     settings_page = (DOCS / "settings.md").read_text()
     assert not [k for k in DEFAULTS if f"`{k}`" not in settings_page]
     commands = [c for c, app in get_commands().items() if app == "django_redislua"]
-    assert sorted(commands) == ["redislua_locks", "redislua_preload", "redislua_reset",
-                                "redislua_status"]
+    assert sorted(commands) == ["redislua_locks", "redislua_override", "redislua_preload",
+                                "redislua_reset", "redislua_status"]
     text = (DOCS / "commands.md").read_text()
     assert all(f"{{command-help}} {c}" in text for c in commands)
     assert {c.replace("_", "-") for c in commands} <= site["commands.html"].ids

@@ -249,3 +249,49 @@ def test_decisions_are_counted_as_blocked_and_allowed_by_override() -> None:
     assert count("blocked") - before["blocked"] == 2
     assert count("allowed_by_override") - before["allowed_by_override"] == 1
     assert count("denied") == before["denied"]
+
+
+def test_the_management_command_runs_an_incident() -> None:
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    from django_redislua.limiting.registry import get_policy
+
+    def command(*args: str) -> str:
+        out = StringIO()
+        call_command("redislua_override", *args, stdout=out)
+        return out.getvalue()
+
+    login = get_policy("login")
+    said = command("block", "login", "203.0.113.7", "--ttl", "1h", "--reason", "stuffing")
+    assert "login '203.0.113.7': block until" in said and "stuffing" in said
+    assert login.hit("203.0.113.7").override == BLOCK
+    assert "rate 500/m" in command("rate", "api", "42", "500/m", "--ttl", "30d")
+    rerated = get_policy("api").hit("42")  # gcra, burst 20: the burst is kept, the rate is new
+    assert (rerated.override, rerated.limit) == (RATE, 20)
+    listed = command("list")
+    assert "login '203.0.113.7': block" in listed and "api '42': rate 500/m" in listed
+    assert "cleared" in command("clear", "login", "203.0.113.7")
+    assert login.hit("203.0.113.7").override is None
+    assert "no override to clear" in command("clear", "login", "203.0.113.7")
+    found = overrides.get("api", "42")
+    assert found is not None and (found.created_by or "").startswith("manage.py (")
+    for wrong, message in ((("block", "nope", "x", "--ttl", "1h"), "no policy named 'nope'"),
+                           (("block", "login", "x", "--ttl", "ever"), "duration"),
+                           (("rate", "*", "x", "5/m", "--ttl", "1h"), "has no rate"),
+                           (("rate", "api", "x", "lots", "--ttl", "1h"), "not a rate")):
+        with pytest.raises(CommandError, match=message):
+            command(*wrong)
+
+
+def test_a_shadow_policys_block_is_what_it_would_have_done() -> None:
+    from prometheus_client import REGISTRY
+
+    shadow = Policy("shadowed", rate="5/m", algorithm="gcra", mode="shadow")
+    labels = {"policy": "shadowed", "algorithm": "gcra", "result": "shadow_denied"}
+    before = REGISTRY.get_sample_value("redislua_decisions_total", labels) or 0.0
+    overrides.block(shadow, "u", ttl="1m")
+    decision = shadow.hit("u")
+    assert (decision.allowed, decision.override, decision.shadow) == (False, BLOCK, True)
+    assert REGISTRY.get_sample_value("redislua_decisions_total", labels) == before + 1
