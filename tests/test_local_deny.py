@@ -286,6 +286,7 @@ CHILD = textwrap.dedent("""
     from django_redislua.connection import get_client
     from django_redislua.limiting import get_policy
     from django_redislua.limiting.inspect import reset_key
+    from django_redislua import overrides
     print(json.dumps({"ready": type(get_client()).__name__}), flush=True)
     for line in sys.stdin:
         order = json.loads(line)
@@ -296,6 +297,10 @@ CHILD = textwrap.dedent("""
             done = "reset rl:" in out.getvalue()
         elif kind == "policy":
             done = get_policy(name).reset(identity)
+        elif kind in ("block", "allow"):  # a live override (django_redislua.overrides)
+            done = getattr(overrides, kind)(name, identity, ttl="1m").kind == kind
+        elif kind == "clear":
+            done = overrides.clear(name, identity)
         else:  # what the admin's reset button calls
             done = reset_key(get_policy(name).redis_key(identity))
         print(json.dumps({"reset": done, "at": time.monotonic()}), flush=True)
@@ -454,6 +459,32 @@ def test_a_reset_in_a_real_other_process_is_honoured_within_one_second(
     assert not decision.local
     assert admitted_at - reset_at <= 1.0 + SLACK
     assert admitted_at - before <= 1.0 + SLACK
+
+
+def test_live_overrides_set_in_a_real_other_process(other_process: OtherProcess) -> None:
+    """A block set elsewhere refuses this process's next decision; an allow set elsewhere
+    admits a flood this process answers locally within 1 s of the denial, like a reset; a clear
+    ends the allow at the next decision."""
+    policy = get_policy("login")
+    other_process.reset("block", "login", "192.0.2.1")
+    blocked = policy.hit("192.0.2.1")
+    assert not blocked.allowed and blocked.override == "block" and not blocked.local
+    for _ in range(policy.limit):
+        assert policy.hit("192.0.2.2").allowed
+    before = time.monotonic()
+    assert not policy.hit("192.0.2.2").local
+    allowed_at = other_process.reset("allow", "login", "192.0.2.2")
+    decision = policy.hit("192.0.2.2")
+    while not decision.allowed:
+        assert decision.local, decision  # only this process's cache, for under a second
+        assert time.monotonic() < allowed_at + 5, "never admitted after the allow"
+        time.sleep(0.05)
+        decision = policy.hit("192.0.2.2")
+    assert decision.override == "allow"
+    assert time.monotonic() - before <= 1.0 + SLACK
+    other_process.reset("clear", "login", "192.0.2.2")
+    after = policy.hit("192.0.2.2")
+    assert not after.allowed and after.override is None  # its own count again, at once
 
 
 # -- 3. a reset in this process forgets at once -----------------------------------------------
