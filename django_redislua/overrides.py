@@ -128,7 +128,8 @@ def _ttl_us(ttl: object) -> int:
 
 
 def _setting(policy: Policy | str, identity: str | bytes | int, kind: str, ttl: object,
-             reason: str, by: object, rate: str | None = None) -> Op[Override]:
+             reason: str, by: object, rate: str | None = None, now_us: int | None = None
+             ) -> Op[Override]:
     """The script call that sets an override; on its reply, this process's local denial of
     that policy and identity ends (an allow or a changed rate admits at once)."""
     name, resolved = _policy_name(policy, every=kind != "r")
@@ -156,7 +157,7 @@ def _setting(policy: Policy | str, identity: str | bytes | int, kind: str, ttl: 
         return _override(name, _KINDS[kind], int(ends), meta)
 
     return Op("django_redislua.override_set", [overrides_key(bound_identity(identity))],
-              [name, value, _ttl_us(ttl), json.dumps(meta), clock.script_now(None)], read,
+              [name, value, _ttl_us(ttl), json.dumps(meta), clock.script_now(now_us)], read,
               OverrideUnavailable)
 
 
@@ -193,28 +194,31 @@ def _parsed(name: str, value: bytes | str | None, meta: bytes | str | None, now_
 # -- the API: one script call each, sync or on the asyncio driver --------------------------------
 
 def block(policy: Policy | str, identity: str | bytes | int, *, ttl: object, reason: str = "",
-          by: object = None) -> Override:
-    """Refuse ``identity`` under ``policy`` (or "*") for ``ttl``, consuming nothing."""
-    return run(_setting(policy, identity, "b", ttl, reason, by))
+          by: object = None, now_us: int | None = None) -> Override:
+    """Refuse ``identity`` under ``policy`` (or "*") for ``ttl``, consuming nothing.
+    (``now_us``, here and below: a time to start from instead of Redis's, for tests that
+    inject time, as :func:`~django_redislua.limiting.evaluate`'s.)"""
+    return run(_setting(policy, identity, "b", ttl, reason, by, now_us=now_us))
 
 
 def allow(policy: Policy | str, identity: str | bytes | int, *, ttl: object, reason: str = "",
-          by: object = None) -> Override:
+          by: object = None, now_us: int | None = None) -> Override:
     """Admit ``identity`` under ``policy`` (or "*") for ``ttl``, consuming nothing."""
-    return run(_setting(policy, identity, "a", ttl, reason, by))
+    return run(_setting(policy, identity, "a", ttl, reason, by, now_us=now_us))
 
 
 def set_rate(policy: Policy | str, identity: str | bytes | int, rate: str, *, ttl: object,
-             reason: str = "", by: object = None) -> Override:
+             reason: str = "", by: object = None, now_us: int | None = None) -> Override:
     """Decide ``identity`` under ``policy`` at ``rate`` (its algorithm, on the identity's own
     state; for a concurrency policy, a number of slots) for ``ttl``."""
-    return run(_setting(policy, identity, "r", ttl, reason, by, rate))
+    return run(_setting(policy, identity, "r", ttl, reason, by, rate, now_us))
 
 
-def get(policy: Policy | str, identity: str | bytes | int) -> Override | None:
+def get(policy: Policy | str, identity: str | bytes | int, *, now_us: int | None = None
+        ) -> Override | None:
     """The live override of ``policy`` (a name, or "*") for ``identity``, or None. Only that
     field: a "*" override is ``get("*", identity)``."""
-    return run(_getting(policy, identity))
+    return run(_getting(policy, identity, now_us))
 
 
 def clear(policy: Policy | str, identity: str | bytes | int) -> bool:
@@ -264,14 +268,15 @@ def scan(policy: str | None = None, count: int = 500) -> Iterator[Override]:
 
 # -- plumbing ----------------------------------------------------------------------------------
 
-def _getting(policy: Policy | str, identity: str | bytes | int) -> Op[Override | None]:
+def _getting(policy: Policy | str, identity: str | bytes | int, now_us: int | None = None
+             ) -> Op[Override | None]:
     name, _resolved = _policy_name(policy, every=True, configured=False)
 
     def read(reply: Any) -> Override | None:
         return _parsed(name, reply[1], reply[2], int(reply[0]))
 
     return Op("django_redislua.override_get", [overrides_key(bound_identity(identity))],
-              [clock.script_now(None), name], read, OverrideUnavailable)
+              [clock.script_now(now_us), name], read, OverrideUnavailable)
 
 
 def _clearing(policy: Policy | str, identity: str | bytes | int) -> Op[bool]:

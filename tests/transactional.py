@@ -12,7 +12,7 @@ from django_redislua.connection import primary_nodes
 
 class TransactionalClient:
     """Stands in for the app's client in script calls (``client=`` or ``scripts.get_client``):
-    each EVALSHA runs in MULTI/EXEC, on the primary that holds its keys (a cluster's too), with
+    each EVALSHA (or FCALL) runs in MULTI/EXEC, on the primary that holds its keys (a cluster's too), with
     PTTL and PERSIST of every key, so the expiry it set is observed (``pttls``) and real time
     cannot expire the state of a test that injects time."""
 
@@ -21,11 +21,11 @@ class TransactionalClient:
         self.pttls: dict[str, int] = {}
 
     def execute_command(self, command: str, *args: Any) -> Any:
-        if command == "SCRIPT LOAD":
+        if command in ("SCRIPT LOAD", "FUNCTION LOAD"):
             for _name, node in primary_nodes(self.client):
-                node.script_load(*args)
+                node.execute_command(command, *args)
             return None
-        assert command == "EVALSHA", command
+        assert command in ("EVALSHA", "FCALL"), command
         sha, numkeys, *keys_and_args = args
         keys = [str(k) for k in keys_and_args[:numkeys]]
         node = self.client
@@ -33,7 +33,7 @@ class TransactionalClient:
             node = node.get_node_from_key(keys[0]).redis_connection
         assert isinstance(node, redis.Redis)
         pipe = node.pipeline(transaction=True)
-        pipe.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
+        pipe.execute_command(command, sha, numkeys, *keys_and_args)
         for key in keys:
             pipe.pttl(key)
             pipe.persist(key)

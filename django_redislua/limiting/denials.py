@@ -77,7 +77,7 @@ def learn(key: str, cost: int, sent: int, policy: Policy, reply: Sequence[int],
     it reported) is dropped. ``by``: the live override that decided, if one did."""
     if consumed:
         _entries.pop(key, None)
-    elif not reply[0] & 1:
+    elif not reply[0] & 1 and reply[3] >= 0:  # (-1: no wait admits it; Redis is asked again)
         _record(key, cost, sent, policy, reply, by)
     elif by is not None:  # admitted by an override, nothing consumed: the denial is over
         _entries.pop(key, None)

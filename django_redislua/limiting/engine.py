@@ -199,7 +199,13 @@ def _overridden(one: _One, reply: Sequence[int]) -> Decision:
         denials.learn(one.key, one.cost, one.sent, policy, reply, consumed=consumed, by=override)
     lease = one.extra if consumed and policy.code == "cc" and not one.peek else None
     return Decision(allowed, reply[4] if override == RATE else policy.limit, reply[1],
-                    reply[2] / US, reply[3] / US, policy, one.identity, lease, False, override)
+                    reply[2] / US, _retry(reply[3]), policy, one.identity, lease, False, override)
+
+
+def _retry(retry_us: int) -> float:
+    """retry_after in seconds; -1 from a script: no wait admits it (a cost above a changed
+    rate's capacity)."""
+    return NEVER if retry_us < 0 else retry_us / US
 
 
 def _single_call(policy: Policy) -> tuple[int, Script, tuple[Any, ...]]:
@@ -317,7 +323,7 @@ class _Plan:
                 lease = self.extras[j] if consumed and policy.code == "cc" else None
                 decision = Decision(
                     allowed, reply[5 * n + 4], reply[5 * n + 1], reply[5 * n + 2] / US,
-                    reply[5 * n + 3] / US, policy, identity, lease, False, override,
+                    _retry(reply[5 * n + 3]), policy, identity, lease, False, override,
                 )
                 if not peek:
                     denials.learn(key, cost, self.sent, policy, reply[5 * n:5 * n + 5], consumed,

@@ -21,7 +21,8 @@
 --
 -- Returns five integers per policy: allowed (1/0, plus 2 when a live override answered, 4 when
 -- it changed the rate), remaining, reset_after (us), retry_after (us; 0 when allowed), and the
--- limit decided with (the policy's, or a changed rate's). On a hit, a gating policy consumes only when every gating
+-- limit decided with (the policy's, or a changed rate's). A retry_after of -1: no wait admits
+-- the cost (above a changed rate's capacity). On a hit, a gating policy consumes only when every gating
 -- policy allows (a request denied by one consumes nothing from the others); a soft policy
 -- consumes whenever it allows, whatever the others decided.
 --

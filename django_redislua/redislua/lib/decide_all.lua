@@ -27,8 +27,9 @@ local function decide_all(KEYS, ARGV)
     local o, ov = 3 + 7 * (i - 1), found[i]
     if ov[1] == 'b' then return false, 0, ov[2] - now, ov[2] - now end
     if ov[1] == 'a' then return true, ov[3], 0, 0 end
-    return decide_policy(ARGV[o], KEYS[i], now, ov[3], ov[4], tonumber(ARGV[o + 3]), ov[5],
-                         consume)
+    local cost = tonumber(ARGV[o + 3])
+    if cost > ov[3] then return false, ov[3], 0, -1 end  -- above a changed rate's capacity
+    return decide_policy(ARGV[o], KEYS[i], now, ov[3], ov[4], cost, ov[5], consume)
   end
 
   local reply, gates_allow = {}, ARGV[1] ~= 'soft'

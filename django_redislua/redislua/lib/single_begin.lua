@@ -5,7 +5,8 @@
 -- does not gate. Numbers are read with `+ 0` (Lua's own coercion), cheaper than a call to the
 -- global tonumber on this path. A live override (lib/override.lua) answers instead of the
 -- algorithm, or changes its rate: the block runs inside the `else` this opens, which
--- lib/single_end.lua closes.
+-- lib/single_end.lua closes. (The engine never sends a cost above the policy's own limit; a
+-- changed rate's may be lower: that denial no wait can lift is retry -1.)
 local now = ARGV[2]
 --#include lib/clock.lua
 local key, extra = KEYS[1], ARGV[7]
@@ -18,4 +19,6 @@ if override == 'b' then
   allowed, remaining, reset, retry = false, 0, override_until - now, override_until - now
 elseif override == 'a' then
   allowed, remaining, reset, retry = true, limit, 0, 0
+elseif cost > limit then  -- above a changed rate's capacity: no wait admits it (retry -1)
+  allowed, remaining, reset, retry = false, limit, 0, -1
 else
