@@ -4,12 +4,14 @@ A thin layer over :mod:`django_redislua.limiting.inspect`, :mod:`django_redislua
 and :mod:`django_redislua.recipes.inspect`.
 The unmanaged :class:`~django_redislua.models.RedisLua` model anchors the page and its ``view`` /
 ``change`` permissions; every page is served through ``get_urls`` wrapped in
-``admin_site.admin_view`` (staff only, CSRF-protected). Resets and force-releases need ``change``,
-go through a confirmation page, are POSTs, and are written to the admin log.
+``admin_site.admin_view`` (staff only, CSRF-protected). Resets, force-releases and live overrides
+(:mod:`django_redislua.overrides`) need ``change``, go through a confirmation page or a form,
+are POSTs, and are written to the admin log (an override with its reason).
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
@@ -19,10 +21,13 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
 
+from django_redislua import overrides
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.discovery import PolicyInUse, policies_in_use
 from django_redislua.limiting import inspect
+from django_redislua.limiting.policy import Policy, overrides_key
+from django_redislua.limiting.rates import RateError
 from django_redislua.limiting.registry import get_policy
 from django_redislua.locks import inspect as locks_inspect
 from django_redislua.locks.keys import keys_for
@@ -159,6 +164,10 @@ class RedisLuaAdmin(ModelAdmin):
             path("scripts/", wrap(self.scripts_view), name=self._name("scripts")),
             path("reset/", wrap(self.reset_view), name=self._name("reset")),
             path("locks/release/", wrap(self.release_view), name=self._name("release")),
+            path("overrides/", wrap(self.overrides_view), name=self._name("overrides")),
+            path("overrides/set/", wrap(self.override_set_view), name=self._name("override_set")),
+            path("overrides/clear/", wrap(self.override_clear_view),
+                 name=self._name("override_clear")),
         ]
 
     def _url(self, page: str, **query: str) -> str:
@@ -176,6 +185,7 @@ class RedisLuaAdmin(ModelAdmin):
                 ("keys", "Rate-limit keys", self._url("changelist")),
                 ("locks", "Locks", self._url("locks")),
                 ("recipes", "Recipes", self._url("recipes")),
+                ("overrides", "Overrides", self._url("overrides")),
                 ("scripts", "Scripts & servers", self._url("scripts")),
             ],
             "can_change": self.has_change_permission(request),
@@ -205,10 +215,17 @@ class RedisLuaAdmin(ModelAdmin):
             return HttpResponseBadRequest(str(exc))
         except CLIENT_ERRORS as exc:
             messages.error(request, f"Redis did not answer: {exc}")
+        rows = [_key_row(s) for s in page.keys] if page else []
+        try:
+            marked = overrides.lookup((r["state"].policy_name, r["state"].identity) for r in rows)
+        except CLIENT_ERRORS:
+            marked = {}
+        for row in rows:
+            row["override"] = marked.get((row["state"].policy_name, row["state"].identity))
         return TemplateResponse(request, "admin/django_redislua/redislua/keys.html", self._context(
             request, "Rate-limit keys", "keys",
             page=page,
-            rows=[_key_row(s) for s in page.keys] if page else [],
+            rows=rows,
             nodes=nodes,
             policies=_policy_rows(in_use),
             search=search,
@@ -218,6 +235,7 @@ class RedisLuaAdmin(ModelAdmin):
             more_url=self._url("changelist", q=search, policy=policy or "", cursor=page.cursor)
             if page and page.cursor else None,
             reset_url=self._url("reset"),
+            override_url=self._url("override_set"),
             max_scan_calls=inspect.MAX_SCAN_CALLS,
         ))
 
@@ -370,3 +388,155 @@ class RedisLuaAdmin(ModelAdmin):
         else:
             messages.warning(request, f"Lock {name} was not held (released or expired).")
         return HttpResponseRedirect(back)
+
+    # -- live overrides ----------------------------------------------------------------------
+    def overrides_view(self, request: HttpRequest) -> HttpResponse:
+        self._require(request, change=False)
+        search = request.GET.get("q", "").strip()
+        policy = request.GET.get("policy", "").strip() or None
+        found: list[overrides.Override] = []
+        try:
+            for override in overrides.scan(policy):
+                if search in override.identity:
+                    found.append(override)
+                if len(found) > MAX_LISTED:
+                    break
+        except CLIENT_ERRORS as exc:
+            messages.error(request, f"Redis did not answer: {exc}")
+        found.sort(key=lambda o: (o.policy, o.identity))
+        now = time.time()
+        rows = [{"override": o, "until": relative(o.expires_at.timestamp() - now),
+                 "clear_url": self._url("override_clear", policy=o.policy, tag=o.tag)}
+                for o in found[:MAX_LISTED]]
+        return TemplateResponse(request, "admin/django_redislua/redislua/overrides.html",
+                                self._context(
+            request, "Live overrides", "overrides", rows=rows, more=len(found) > MAX_LISTED,
+            search=search, policy=policy or "", policies=_override_policies(),
+            add_url=self._url("override_set", next=request.get_full_path()),
+        ))
+
+    def override_set_view(self, request: HttpRequest) -> HttpResponse:
+        """GET: the form (prefilled from the query, e.g. the keys tab's "Block 1 h"); POST: set
+        it, log it with its reason, and go back."""
+        self._require(request, change=True)
+        data = request.POST if request.method == "POST" else request.GET
+        back = self._back(data.get("next", ""), "overrides")
+        form = {name: data.get(name, "").strip()[:MAX_FIELD]
+                for name in ("policy", "identity", "tag", "kind", "rate", "ttl", "reason")}
+        form["kind"] = form["kind"] or overrides.BLOCK
+        form["ttl"] = form["ttl"] or "1h"
+        error = ""
+        if request.method == "POST":
+            try:
+                made = self._set_override(request, form)
+            except (ValueError, RateError, KeyError) as exc:
+                error = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+            except OVERRIDE_FAILURES as exc:
+                error = f"Redis did not answer: {exc}; nothing was set."
+            else:
+                what = made.kind if made.rate is None else f"rate {made.rate}"
+                messages.success(request, f"{what.capitalize()} for {made.identity} under "
+                                          f"{made.policy} until {made.expires_at:%Y-%m-%d %H:%M} "
+                                          "UTC, on every app server from its next decision.")
+                return HttpResponseRedirect(back)
+        return TemplateResponse(
+            request, "admin/django_redislua/redislua/override_form.html",
+            self._context(request, "Set a live override", "overrides", form=form, error=error,
+                          policies=_override_policies(), back=back,
+                          kinds=[(overrides.BLOCK, "Block: refuse it, consuming nothing"),
+                                 (overrides.ALLOW, "Allow: admit it, consuming nothing"),
+                                 (overrides.RATE, "Rate: decide it at another rate")],
+                          action_url=self._url("override_set")),
+            status=400 if error else 200,
+        )
+
+    def _set_override(self, request: HttpRequest, form: dict[str, str]) -> overrides.Override:
+        target = _override_policy(form["policy"])
+        identity: str = overrides.Tag(form["tag"]) if form["tag"] else form["identity"]
+        if not identity:
+            raise ValueError("Which identity? Give the one the policy's key function yields.")
+        by = request.user.get_username()
+        common: dict[str, Any] = {"ttl": form["ttl"], "reason": form["reason"], "by": by}
+        if form["kind"] == overrides.RATE:
+            made = overrides.set_rate(target, identity, form["rate"], **common)
+        elif form["kind"] == overrides.ALLOW:
+            made = overrides.allow(target, identity, **common)
+        elif form["kind"] == overrides.BLOCK:
+            made = overrides.block(target, identity, **common)
+        else:
+            raise ValueError(f"Block, allow or rate, not {form['kind']!r}.")
+        what = made.kind if made.rate is None else f"rate {made.rate}"
+        self.log_change(request, RedisLua(key=overrides_key(made.tag)),
+                        f"Override {what} of identity {made.identity} under policy {made.policy}"
+                        f" until {made.expires_at:%Y-%m-%d %H:%M:%S} UTC. Reason: "
+                        f"{made.reason or '(none given)'}")
+        return made
+
+    def override_clear_view(self, request: HttpRequest) -> HttpResponse:
+        self._require(request, change=True)
+        data = request.POST if request.method == "POST" else request.GET
+        policy, tag = data.get("policy", "")[:MAX_FIELD], data.get("tag", "")[:MAX_FIELD]
+        try:
+            tag = overrides.Tag(tag)
+        except ValueError:
+            tag = ""
+        if not policy or not tag:
+            return HttpResponseBadRequest("which override?")
+        back = self._back(data.get("next", ""), "overrides")
+        try:
+            target: Policy | str = _override_policy(policy)
+        except KeyError:
+            target = policy  # a policy no longer in use: its override can still be cleared
+        if request.method != "POST":
+            current = None
+            try:
+                current = overrides.get(target, tag)
+            except OVERRIDE_FAILURES as exc:
+                messages.error(request, f"Redis did not answer: {exc}")
+            return TemplateResponse(
+                request, "admin/django_redislua/redislua/confirm.html",
+                self._context(request, "Clear a live override?", "overrides",
+                              action="clear_override", target=tag, policy_name=policy,
+                              override=current, back=back,
+                              action_url=self._url("override_clear")),
+            )
+        try:
+            cleared = overrides.clear(target, tag)
+        except OVERRIDE_FAILURES as exc:
+            messages.error(request, f"Redis did not answer: {exc}; the override was not cleared.")
+            return HttpResponseRedirect(back)
+        if cleared:
+            self.log_change(request, RedisLua(key=overrides_key(tag)),
+                            f"Cleared the override of identity {tag} under policy {policy}.")
+            messages.success(request, f"Cleared the override of {tag} under {policy}: its "
+                                      "policy decides again from the next request.")
+        else:
+            messages.warning(request, f"{tag} had no override under {policy} (ended or cleared).")
+        return HttpResponseRedirect(back)
+
+    def _back(self, wanted: str, page: str) -> str:
+        """Where to go after an action: ``wanted`` if it is one of these pages, else ``page``."""
+        mine = self._url("changelist")
+        return wanted if wanted.startswith(mine) else self._url(page)
+
+
+MAX_LISTED = 500  # overrides listed on one page (the list says when there are more)
+# Redis failing under an override call: the API's own error, or the client's (a scan).
+OVERRIDE_FAILURES: tuple[type[BaseException], ...] = (overrides.OverrideUnavailable,
+                                                      *CLIENT_ERRORS)
+MAX_FIELD = 1000  # characters read of a form field (the API bounds them further)
+
+
+def _override_policies() -> list[str]:
+    return [overrides.EVERY_POLICY, *sorted(policies_in_use())]
+
+
+def _override_policy(name: str) -> Policy | str:
+    """A policy in use (settings, routed views, DRF scopes), or "*"; KeyError otherwise."""
+    if name == overrides.EVERY_POLICY:
+        return name
+    in_use = policies_in_use()
+    if name not in in_use:
+        raise KeyError(f"No policy named {name[:60]!r} is in use "
+                       f"(known: {', '.join(sorted(in_use)) or 'none'}).")
+    return in_use[name].policy

@@ -29,14 +29,15 @@ script; the ``a``-twins run the same on the asyncio driver.
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from django_redislua.conf import settings
-from django_redislua.connection import primary_nodes
+from django_redislua.connection import get_client, primary_nodes
 from django_redislua.limiting import clock, denials
 from django_redislua.limiting.decision import ALLOW, BLOCK, RATE
 from django_redislua.limiting.identity import bound_identity
@@ -53,6 +54,7 @@ __all__ = [
     "RATE",
     "Override",
     "OverrideUnavailable",
+    "Tag",
     "aallow",
     "ablock",
     "aclear",
@@ -62,6 +64,7 @@ __all__ = [
     "block",
     "clear",
     "get",
+    "lookup",
     "scan",
     "set_rate",
 ]
@@ -85,12 +88,52 @@ class Override:
 
     policy: str  # a policy's name, or "*": every policy
     identity: str  # as it was given (at most MAX_SHOWN characters)
+    tag: str  # the identity in its key form (a digest for a long one): pass Tag(tag) to find it
     kind: str  # BLOCK, ALLOW or RATE
     rate: str | None  # RATE's rate, as it was given
     reason: str
     expires_at: datetime  # UTC, on Redis's clock
     created_by: str | None
     created_at: datetime | None
+
+
+class Tag(str):
+    """An identity in its key form (what a key's hash tag, and the admin's keys tab, show: a
+    digest for a long identity): used as it is, not bounded again. Anything that cannot be a
+    key form raises ValueError."""
+
+    def __new__(cls, value: str) -> Tag:
+        if not (bound_identity(value) == value or _DIGEST.fullmatch(value)):
+            raise ValueError(f"{value[:40]!r} is not an identity's key form")
+        return super().__new__(cls, value)
+
+
+_DIGEST = re.compile(r"#[0-9a-f]{32}")
+
+
+def _tag(identity: str | bytes | int) -> str:
+    return identity if isinstance(identity, Tag) else bound_identity(identity)
+
+
+def lookup(pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], Override]:
+    """The live override that applies to each ``(policy name, tag)`` (its own, else "*"):
+    for the admin's keys tab, one pipelined HMGET per identity; liveness on this machine's
+    clock (a display, not a decision)."""
+    wanted = list(dict.fromkeys(pairs))
+    if not wanted:
+        return {}
+    pipe = get_client().pipeline(transaction=False)
+    for name, tag in wanted:
+        pipe.hmget(overrides_key(tag), [name, "*", f"m:{name}", "m:*"])
+    now_us = int(time.time() * 1_000_000) + clock.shift_us
+    found = {}
+    for (name, tag), (own, every, own_meta, every_meta) in zip(wanted, pipe.execute(),
+                                                               strict=True):
+        override = (_parsed(name, own, own_meta, now_us, tag)
+                    or _parsed("*", every, every_meta, now_us, tag))
+        if override is not None:
+            found[(name, tag)] = override
+    return found
 
 
 def _bounded(text: object, most: int) -> str:
@@ -131,7 +174,7 @@ def _setting(policy: Policy | str, identity: str | bytes | int, kind: str, ttl: 
              reason: str, by: object, rate: str | None = None, now_us: int | None = None
              ) -> Op[Override]:
     """The script call that sets an override; on its reply, this process's local denial of
-    that policy and identity ends (an allow or a changed rate admits at once)."""
+    that policy and identity ends (the next decision meets the override at once)."""
     name, resolved = _policy_name(policy, every=kind != "r")
     value = kind
     if kind == "r":
@@ -149,22 +192,23 @@ def _setting(policy: Policy | str, identity: str | bytes | int, kind: str, ttl: 
     meta = {"identity": shown, "rate": rate, "reason": _bounded(reason, MAX_REASON),
             "created_by": None if by is None else _bounded(by, MAX_SHOWN),
             "created_at": time.time()}
-    state = None if resolved is None else resolved.redis_key(identity)
+    tag = _tag(identity)
+    state = None if resolved is None else resolved.tag_key(tag)
 
     def read(ends: Any) -> Override:
-        if kind != "b":
-            denials.forget(state)  # None: "*", every entry
-        return _override(name, _KINDS[kind], int(ends), meta)
+        denials.forget(state)  # None: "*", every entry (a block too: its Retry-After, at once)
+        return _override(name, _KINDS[kind], int(ends), meta, tag)
 
-    return Op("django_redislua.override_set", [overrides_key(bound_identity(identity))],
+    return Op("django_redislua.override_set", [overrides_key(tag)],
               [name, value, _ttl_us(ttl), json.dumps(meta), clock.script_now(now_us)], read,
               OverrideUnavailable)
 
 
-def _override(name: str, kind: str, ends_us: int, meta: dict[str, Any]) -> Override:
+def _override(name: str, kind: str, ends_us: int, meta: dict[str, Any], tag: str) -> Override:
     created = meta.get("created_at")
     return Override(
-        policy=name, identity=str(meta.get("identity", "")), kind=kind, rate=meta.get("rate"),
+        policy=name, identity=str(meta.get("identity", tag)), tag=tag, kind=kind,
+        rate=meta.get("rate"),
         reason=str(meta.get("reason", "")),
         expires_at=datetime.fromtimestamp(ends_us / 1_000_000, UTC),
         created_by=meta.get("created_by"),
@@ -172,8 +216,8 @@ def _override(name: str, kind: str, ends_us: int, meta: dict[str, Any]) -> Overr
     )
 
 
-def _parsed(name: str, value: bytes | str | None, meta: bytes | str | None, now_us: int
-            ) -> Override | None:
+def _parsed(name: str, value: bytes | str | None, meta: bytes | str | None, now_us: int,
+            tag: str            ) -> Override | None:
     """The live override a field holds, or None (absent, ended, or not one of ours)."""
     if not value:
         return None
@@ -188,7 +232,7 @@ def _parsed(name: str, value: bytes | str | None, meta: bytes | str | None, now_
         data = json.loads(meta) if meta else {}
     except ValueError:
         data = {}
-    return _override(name, _KINDS[parts[0]], ends, data if isinstance(data, dict) else {})
+    return _override(name, _KINDS[parts[0]], ends, data if isinstance(data, dict) else {}, tag)
 
 
 # -- the API: one script call each, sync or on the asyncio driver --------------------------------
@@ -256,12 +300,14 @@ def scan(policy: str | None = None, count: int = 500) -> Iterator[Override]:
     for _name, client in primary_nodes():
         now_us = _now_us(client)
         for key in client.scan_iter(match=pattern, count=count):
+            text = key.decode() if isinstance(key, bytes) else str(key)
+            tag = text[text.index("{", len(settings.KEY_PREFIX)) + 1:-1]
             fields = {(k.decode() if isinstance(k, bytes) else str(k)): v
                       for k, v in client.hgetall(key).items()}
             for name, value in fields.items():
                 if name.startswith("m:") or (policy is not None and name != policy):
                     continue
-                found = _parsed(name, value, fields.get("m:" + name), now_us)
+                found = _parsed(name, value, fields.get("m:" + name), now_us, tag)
                 if found is not None:
                     yield found
 
@@ -271,23 +317,25 @@ def scan(policy: str | None = None, count: int = 500) -> Iterator[Override]:
 def _getting(policy: Policy | str, identity: str | bytes | int, now_us: int | None = None
              ) -> Op[Override | None]:
     name, _resolved = _policy_name(policy, every=True, configured=False)
+    tag = _tag(identity)
 
     def read(reply: Any) -> Override | None:
-        return _parsed(name, reply[1], reply[2], int(reply[0]))
+        return _parsed(name, reply[1], reply[2], int(reply[0]), tag)
 
-    return Op("django_redislua.override_get", [overrides_key(bound_identity(identity))],
+    return Op("django_redislua.override_get", [overrides_key(tag)],
               [clock.script_now(now_us), name], read, OverrideUnavailable)
 
 
 def _clearing(policy: Policy | str, identity: str | bytes | int) -> Op[bool]:
     name, resolved = _policy_name(policy, every=True, configured=False)
-    state = None if resolved is None else resolved.redis_key(identity)
+    tag = _tag(identity)
+    state = None if resolved is None else resolved.tag_key(tag)
 
     def read(reply: Any) -> bool:
         denials.forget(state)  # None: "*", every entry
         return bool(reply)
 
-    return Op("django_redislua.override_clear", [overrides_key(bound_identity(identity))],
+    return Op("django_redislua.override_clear", [overrides_key(tag)],
               [name], read, OverrideUnavailable)
 
 

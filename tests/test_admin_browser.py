@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +180,55 @@ def test_recipes_tab_lists_live_instances(page: Any, live_server: Any, tmp_path:
     expect(page.locator("#recipes-wstats")).to_contain_text("checkout")
     expect(page.locator("#recipes-stock")).to_contain_text("<b>hostile</b>")  # shown as text
     _shoot(page, tmp_path, "admin-recipes-screenshot.png")
+
+
+def test_block_an_identity_from_the_keys_tab_then_clear_it(page: Any, live_server: Any,
+                                                           tmp_path: Path) -> None:
+    """The incident path: a key on the keys tab, "Block 1 h", the next request 429; the
+    Overrides tab lists it with the reason; clear it, 200 again; the admin log says who, what
+    and why."""
+    from django.contrib.admin.models import LogEntry
+
+    base = live_server.url
+    expect = sync_api.expect
+    page.goto(f"{base}/admin/login/?next=/admin/django_redislua/redislua/")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "correct horse")
+    page.click("input[type=submit]")
+    assert page.goto(f"{base}/limited/").status == 200  # one hit: its key appears
+
+    page.goto(f"{base}/admin/django_redislua/redislua/")
+    row = page.locator("tr[data-key='rl:login:sl:{127.0.0.1}']")
+    expect(row).to_be_visible()
+    row.get_by_role("link", name="Block 1 h").click()
+    expect(page.locator("#content h1")).to_have_text("Set a live override")
+    page.fill("#id_reason", "credential stuffing <b>drill</b>")
+    _shoot(page, tmp_path, "admin-override-form-screenshot.png")
+    page.get_by_role("button", name="Set the override").click()
+    expect(page.locator(".messagelist .success")).to_contain_text("Block for 127.0.0.1")
+    expect(row.locator(".redislua-override-block")).to_be_visible()
+
+    blocked = page.goto(f"{base}/limited/")
+    assert blocked.status == 429
+    assert 3590 <= int(blocked.headers["retry-after"]) <= 3600
+
+    page.goto(f"{base}/admin/django_redislua/redislua/")
+    page.get_by_role("link", name="Overrides", exact=True).click()
+    listed = page.locator("tr[data-identity='127.0.0.1']")
+    expect(listed).to_contain_text("credential stuffing <b>drill</b>")  # text, not markup
+    expect(listed).to_contain_text("ops")
+    _shoot(page, tmp_path, "admin-overrides-screenshot.png")
+    listed.get_by_role("link", name="Clear").click()
+    page.get_by_role("button", name="Yes, clear it").click()
+    expect(page.locator(".messagelist .success")).to_contain_text("Cleared the override")
+    assert page.goto(f"{base}/limited/").status == 200
+
+    def logged() -> list[tuple[str, str]]:  # the ORM, off Playwright's event-loop thread
+        return [(e.user.username, e.get_change_message())
+                for e in LogEntry.objects.order_by("id")]
+
+    with ThreadPoolExecutor(1) as thread:
+        entries = thread.submit(logged).result()
+    assert [who for who, _what in entries] == ["ops", "ops"]
+    assert "block" in entries[0][1] and "credential stuffing" in entries[0][1]
+    assert "Cleared the override" in entries[1][1]

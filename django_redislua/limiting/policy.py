@@ -261,6 +261,10 @@ class Policy:
             return f"{prefix}:{self.name}:{self.code}:{{{bound_identity(identity)}}}"
         return self._heads()[1] + bound_identity(identity) + "}"
 
+    def tag_key(self, tag: str) -> str:
+        """The state key of the identity whose hash tag (:func:`bound_identity`) is ``tag``."""
+        return self._heads()[1] + tag + "}"
+
     def redis_keys(self, identity: str | bytes | int) -> tuple[str, str]:
         """The key of this policy's state for ``identity`` and the key of ``identity``'s
         overrides (:mod:`django_redislua.overrides`): one hash tag, so one cluster slot."""
