@@ -12,9 +12,9 @@ from django_redislua.connection import primary_nodes
 
 class TransactionalClient:
     """Stands in for the app's client in script calls (``client=`` or ``scripts.get_client``):
-    each EVALSHA (or FCALL) runs in MULTI/EXEC, on the primary that holds its keys (a cluster's too), with
-    PTTL and PERSIST of every key, so the expiry it set is observed (``pttls``) and real time
-    cannot expire the state of a test that injects time."""
+    each EVALSHA (or FCALL) runs in MULTI/EXEC, on the primary that holds its keys (a
+    cluster's too), with PTTL and PERSIST of every key, so the expiry it set is observed
+    (``pttls``) and real time cannot expire the state of a test that injects time."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
