@@ -416,3 +416,32 @@ def test_decisions_overrides_and_resets_match_the_model(algorithm: str, function
             assert (decision.allowed, decision.remaining, round(decision.reset_after * 1e6),
                     round(decision.retry_after * 1e6)) == (
                 outcome.allowed, outcome.remaining, outcome.reset_after_us, outcome.retry_after_us)
+
+
+def test_a_blocked_request_is_a_429_for_the_blocks_time_and_the_signal_says_so() -> None:
+    from django.http import HttpRequest, HttpResponse
+    from django.test import RequestFactory
+
+    from django_redislua.decorators import ratelimit
+    from django_redislua.signals import rate_limited
+
+    @ratelimit("api")
+    def view(request: HttpRequest) -> HttpResponse:
+        return HttpResponse("ok")
+
+    seen = []
+
+    def receiver(sender: object, request: HttpRequest, decision: object, **kwargs: object) -> None:
+        seen.append(decision)
+
+    request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.77")
+    assert view(request).status_code == 200
+    overrides.block("api", "192.0.2.77", ttl="20m", reason="abuse")
+    rate_limited.connect(receiver)
+    try:
+        response = view(RequestFactory().get("/", REMOTE_ADDR="192.0.2.77"))
+    finally:
+        rate_limited.disconnect(receiver)
+    assert response.status_code == 429
+    assert 1190 <= int(response["Retry-After"]) <= 1200
+    assert [d.override for d in seen] == [BLOCK]  # type: ignore[attr-defined]
