@@ -1,7 +1,8 @@
 """The RFC 9457 problem-details body of this app's own 429 (``REDISLUA["DENIED_BODY"] =
 "problem"``), with the problem type draft-ietf-httpapi-ratelimit-headers-11 defines.
 
-Draft -11 section 5.1 defines the "quota-exceeded" problem type, whose extension member
+Draft -11 section 5.1 defines the "quota-exceeded" problem type (and 5.3
+"abnormal-usage-detected", used here for an identity a live override blocks), whose extension member
 ``violated-policies`` is "an array of strings, whose value is the names of policies where the
 quota was exceeded"; section 10.2.1 registers its URI and its title, "Quota Exceeded", with
 429 as the recommended status. The names are those of the ``RateLimit-Policy`` items
@@ -18,17 +19,25 @@ from typing import Any
 from django.http import HttpResponse
 
 from django_redislua.headers import policy_label, retry_after_seconds
-from django_redislua.limiting.decision import RateLimited
+from django_redislua.limiting.decision import BLOCK, RateLimited
 
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 QUOTA_EXCEEDED_TITLE = "Quota Exceeded"
+# Draft -11 section 5.3: "a pattern of requests that suggest unintentional or malicious
+# behaviour": what an operator's block (django_redislua.overrides) says of an identity.
+ABNORMAL_USAGE = "https://iana.org/assignments/http-problem-types#abnormal-usage-detected"
+ABNORMAL_USAGE_TITLE = "Abnormal Usage Detected"
 CONTENT_TYPE = "application/problem+json"  # RFC 9457 section 6.1; JSON is UTF-8, no charset
 
 
 def quota_exceeded(exception: RateLimited) -> dict[str, Any]:
-    """The problem-details object for a request ``exception`` denied."""
+    """The problem-details object for a request ``exception`` denied: quota-exceeded, or
+    abnormal-usage-detected when a live override blocked the identity (then the blocking
+    policies are the violated ones)."""
+    denied = [d for d in exception.decisions if not d.allowed]
+    blocked = [d for d in denied if d.override == BLOCK]
     names = list(dict.fromkeys(  # two rules on one policy share a Decision: name it once
-        policy_label(d.policy.name) for d in exception.decisions if not d.allowed))
+        policy_label(d.policy.name) for d in blocked or denied))
     wait = retry_after_seconds(exception.decisions)  # the Retry-After header's number
     if wait is None:
         after = "; no wait will admit this request."  # a zero rate, a cost above capacity
@@ -36,6 +45,14 @@ def quota_exceeded(exception: RateLimited) -> dict[str, Any]:
         after = f"; retry after {wait} seconds."
     else:
         after = "."  # a RateLimited raised without a denied Decision
+    if blocked:
+        return {
+            "type": ABNORMAL_USAGE,
+            "title": ABNORMAL_USAGE_TITLE,
+            "status": 429,
+            "detail": f"Requests blocked by {', '.join(names)}{after}",
+            "violated-policies": names,
+        }
     return {
         "type": QUOTA_EXCEEDED,
         "title": QUOTA_EXCEEDED_TITLE,

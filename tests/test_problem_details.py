@@ -180,3 +180,21 @@ def test_a_denial_no_wait_lifts_says_so() -> None:
     body = quota_exceeded(RateLimited([Decision(False, 0, 0, 0.0, float("inf"), closed, "k")]))
     assert body["detail"] == "Quota exceeded for closed; no wait will admit this request."
     assert body["violated-policies"] == ["closed"]
+
+
+def test_a_blocked_identity_is_abnormal_usage_naming_the_blocking_policy() -> None:
+    from django_redislua import overrides
+
+    with redislua(DENIED_BODY="problem"):
+        assert view(factory.get("/", REMOTE_ADDR="10.9.0.1")).status_code == 200
+        overrides.block("pd-wide", "10.9.0.1", ttl="10m", reason="scraping")
+        response = view(factory.get("/", REMOTE_ADDR="10.9.0.1"))
+    assert response.status_code == 429
+    assert response["Content-Type"] == "application/problem+json"
+    body = json.loads(response.content)
+    assert body["type"] == "https://iana.org/assignments/http-problem-types#abnormal-usage-detected"
+    assert body["title"] == "Abnormal Usage Detected" and body["status"] == 429
+    assert body["violated-policies"] == ["pd-wide"]  # the block, not the quotas also used up
+    assert 590 <= int(response["Retry-After"]) <= 600
+    wait = response["Retry-After"]
+    assert body["detail"] == f"Requests blocked by pd-wide; retry after {wait} seconds."
