@@ -93,14 +93,14 @@ COMBINATIONS = (
 )
 # What differs between those combinations: the engine, views, DRF (and DRF's own tests), locks
 # sync and async, lost replies, both transports, checks, the first-hour path, the test helpers,
-# the cluster. The multi-process and browser tests run in `test` only.
+# the cluster, live overrides. The multi-process and browser tests run in `test` only.
 FAST = (
     "tests/test_engine.py", "tests/test_decorators.py", "tests/test_middleware.py",
     "tests/test_drf.py", "tests/test_drf_reference.py", "tests/test_locks.py",
     "tests/test_locks_async.py", "tests/test_lost_replies.py", "tests/test_lean_path.py",
     "tests/test_checks.py", "tests/test_first_hour.py", "tests/test_quickstart_project.py",
     "tests/test_django_runner.py", "tests/test_pytest_plugin.py", "tests/test_cluster.py",
-    "tests/test_recipes.py", "tests/test_smoke.py",
+    "tests/test_recipes.py", "tests/test_overrides.py", "tests/test_smoke.py",
 )
 
 
