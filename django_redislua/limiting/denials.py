@@ -90,7 +90,9 @@ def _record(key: str, cost: int, sent: int, policy: Policy, reply: Sequence[int]
     if len(_entries) >= MAX_ENTRIES:
         _make_room(sent)
     retry = reply[3]
-    _entries[key] = (cost, sent, sent + min(retry, HORIZON_US), sent + retry, reply[1],
+    # A changed rate's denial is its own only while the override lasts (reply[5]).
+    horizon = min(HORIZON_US, reply[5]) if by == RATE else HORIZON_US
+    _entries[key] = (cost, sent, sent + min(retry, horizon), sent + retry, reply[1],
                      sent + reply[2], (policy.limit, policy.param, policy.extra), by,
                      reply[4] if by == RATE else policy.limit)
 

@@ -310,23 +310,23 @@ class _Plan:
             gates_allow = not self.gate_closed
             if gates_allow:
                 for n, j in enumerate(group):
-                    if not reply[5 * n] & 1 and unique[j][3]:
+                    if not reply[6 * n] & 1 and unique[j][3]:
                         gates_allow = False
                         break
             for n, j in enumerate(group):
                 policy, identity, cost, gate, key = unique[j]
-                flag = reply[5 * n]
+                flag = reply[6 * n]
                 allowed, override = flag & 1 == 1, overridden_by(flag)
                 # A block or an allow consumes nothing; a changed rate consumes as the policy.
                 consumed = (allowed and not peek and (gates_allow or not gate)
                             and override in (None, RATE))
                 lease = self.extras[j] if consumed and policy.code == "cc" else None
                 decision = Decision(
-                    allowed, reply[5 * n + 4], reply[5 * n + 1], reply[5 * n + 2] / US,
-                    _retry(reply[5 * n + 3]), policy, identity, lease, False, override,
+                    allowed, reply[6 * n + 4], reply[6 * n + 1], reply[6 * n + 2] / US,
+                    _retry(reply[6 * n + 3]), policy, identity, lease, False, override,
                 )
                 if not peek:
-                    denials.learn(key, cost, self.sent, policy, reply[5 * n:5 * n + 5], consumed,
+                    denials.learn(key, cost, self.sent, policy, reply[6 * n:6 * n + 6], consumed,
                                   by=override)
                 out[j] = decision
         return [cast(Decision, out[j]) for j in self.index]

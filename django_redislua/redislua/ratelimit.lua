@@ -19,9 +19,10 @@
 --   gate ("1": a denial by this policy denies the request, "0": it only marks it),
 --   name (the policy's, its field in the override hash).
 --
--- Returns five integers per policy: allowed (1/0, plus 2 when a live override answered, 4 when
--- it changed the rate), remaining, reset_after (us), retry_after (us; 0 when allowed), and the
--- limit decided with (the policy's, or a changed rate's). A retry_after of -1: no wait admits
+-- Returns six integers per policy: allowed (1/0, plus 2 when a live override answered, 4 when
+-- it changed the rate), remaining, reset_after (us), retry_after (us; 0 when allowed), the
+-- limit decided with (the policy's, or a changed rate's), and how long the override lasts (us;
+-- 0 without one). A retry_after of -1: no wait admits
 -- the cost (above a changed rate's capacity). On a hit, a gating policy consumes only when every gating
 -- policy allows (a request denied by one consumes nothing from the others); a soft policy
 -- consumes whenever it allows, whatever the others decided.

@@ -40,22 +40,23 @@ local function decide_all(KEYS, ARGV)
     end
 --#include lib/clamp.lua
     local kind = found[i][1]
-    reply[5 * i - 4] = (allowed and 1 or 0) + (kind == 'r' and 4 or kind and 2 or 0)
-    reply[5 * i - 3] = remaining
-    reply[5 * i - 2] = reset
-    reply[5 * i - 1] = retry
-    reply[5 * i] = found[i][3]
+    reply[6 * i - 5] = (allowed and 1 or 0) + (kind == 'r' and 4 or kind and 2 or 0)
+    reply[6 * i - 4] = remaining
+    reply[6 * i - 3] = reset
+    reply[6 * i - 2] = retry
+    reply[6 * i - 1] = found[i][3]
+    reply[6 * i] = kind and found[i][2] - now or 0  -- how long the override lasts
     if not allowed and ARGV[3 + 7 * (i - 1) + 5] == '1' then gates_allow = false end
   end
   if hit then
     for i = 1, n do
       local gate = ARGV[3 + 7 * (i - 1) + 5] == '1'
-      if reply[5 * i - 4] % 2 == 1 and (gates_allow or not gate) then
+      if reply[6 * i - 5] % 2 == 1 and (gates_allow or not gate) then
         local _, remaining, reset, retry = decide(i, true)
 --#include lib/clamp.lua
-        reply[5 * i - 3] = remaining
-        reply[5 * i - 2] = reset
-        reply[5 * i - 1] = retry
+        reply[6 * i - 4] = remaining
+        reply[6 * i - 3] = reset
+        reply[6 * i - 2] = retry
       end
     end
   end
