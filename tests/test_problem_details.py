@@ -152,7 +152,8 @@ def test_a_denied_view_of_the_users_own_is_theirs() -> None:
 
 def test_a_bad_value_is_a_check_error_and_denials_keep_the_text_body() -> None:
     with redislua(DENIED_BODY="json"):
-        assert [m.id for m in check_settings()] == ["redislua.E028"]
+        # (errors only: on a cluster, redis-py before 8 adds the W004 warning)
+        assert [m.id for m in check_settings() if m.is_serious()] == ["redislua.E028"]
         view(factory.get("/"))
         denied = view(factory.get("/"))
     assert denied.status_code == 429 and denied.content == b"Too Many Requests\n"
