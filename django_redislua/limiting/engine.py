@@ -61,7 +61,7 @@ SCRIPT_ONE = {code: f"{SCRIPT}_{code}" for code in ("fw", "sl", "sw", "tb", "lb"
 
 
 def _nonce() -> str:
-    # 64 random bits: unique among one key's live entries; short, as sliding_log stores one per hit.
+    # 64 random bits: a concurrency lease's id, unique among one key's live leases.
     return os.urandom(8).hex()
 
 
@@ -88,9 +88,9 @@ def _denied(policy: Policy, identity: str | bytes | int) -> Decision:
 
 
 def _extra(policy: Policy) -> Any:
-    """The script's per-policy "extra" argument: a fresh nonce for the sliding log's entry and
-    for a concurrency lease, the bucket's interval denominator otherwise."""
-    return _nonce() if policy.code in ("sl", "cc") else policy.extra
+    """The script's per-policy "extra" argument: a fresh id for a concurrency lease, the
+    bucket's interval denominator, or "" (the window algorithms)."""
+    return _nonce() if policy.code == "cc" else policy.extra
 
 
 def _lease_given_back(failure: BaseException, key: str, lease: str,

@@ -304,8 +304,9 @@ def _checked(reply: Any) -> Any:
     return reply
 
 
-# The O(1) algorithms' packed state (django_redislua/redislua/lib/<algorithm>.lua): struct
-# format and field names. The algorithm code in every key names the layout.
+# The algorithms' packed state (django_redislua/redislua/lib/<algorithm>.lua): the previous
+# release's struct format (doubles; still written when a value does not fit the compact form)
+# and the field names. The algorithm code in every key names the layout, the length the form.
 PACKED = {
     "fw": ("<dd", ("window start", "count")),
     "sw": ("<ddd", ("window start", "current count", "previous count")),
@@ -313,15 +314,52 @@ PACKED = {
     "lb": ("<dd", ("water, 1/q us", "measured at")),
     "gc": ("<dd", ("TAT", "TAT, 1/q us")),
 }
+# The compact form (12 bytes: Redis keeps it inside the value's object): little-endian unsigned
+# integers of these widths in bytes (the sliding window's start in ms, not us).
+COMPACT = {"fw": (7, 5), "sw": (6, 3, 3), "tb": (4, 7, 1), "lb": (5, 7), "gc": (7, 5)}
+# The sliding log: one '<I7' entry (a hit's time, us) per unit admitted, in time order.
+LOG_ENTRY = 7
+
+
+def _little(value: bytes, widths: tuple[int, ...]) -> list[int]:
+    numbers, at = [], 0
+    for width in widths:
+        numbers.append(int.from_bytes(value[at:at + width], "little"))
+        at += width
+    return numbers
+
+
+def log_times(value: bytes) -> list[int]:
+    """A sliding log's entries: the times (server clock, us) of the hits it holds, oldest first."""
+    if len(value) % LOG_ENTRY:
+        raise ValueError(f"a sliding log is {LOG_ENTRY}-byte entries, not {len(value)} bytes")
+    return [int.from_bytes(value[at:at + LOG_ENTRY], "little")
+            for at in range(0, len(value), LOG_ENTRY)]
 
 
 def unpack_state(code: str, value: bytes) -> list[tuple[str, str]] | None:
     """The named fields of an algorithm's packed state, or None when it is not of that shape."""
+    if code == "sl":
+        if not value or len(value) % LOG_ENTRY:
+            return None
+        first = int.from_bytes(value[:LOG_ENTRY], "little")
+        last = int.from_bytes(value[-LOG_ENTRY:], "little")
+        result = [("entries", str(len(value) // LOG_ENTRY)), ("oldest", str(first))]
+        return [*result, ("newest", str(last))] if len(value) > LOG_ENTRY else result
     layout = PACKED.get(code)
-    if layout is None or len(value) != struct.calcsize(layout[0]):
+    if layout is None:
         return None
-    numbers = struct.unpack(layout[0], value)
-    return [(name, f"{number:.0f}") for name, number in zip(layout[1], numbers, strict=True)]
+    wide, names = layout
+    numbers: list[float]
+    if len(value) == sum(COMPACT[code]):
+        numbers = [float(n) for n in _little(value, COMPACT[code])]
+        if code == "sw":
+            numbers[0] *= 1000  # ms -> us
+    elif len(value) == struct.calcsize(wide):
+        numbers = list(struct.unpack(wide, value))
+    else:
+        return None
+    return [(name, f"{number:.0f}") for name, number in zip(names, numbers, strict=True)]
 
 
 def _fields(kind: str, raw: Any, code: str) -> list[tuple[str, str]]:

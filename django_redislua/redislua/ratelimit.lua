@@ -15,7 +15,7 @@
 --   param (period or lease timeout in integer microseconds; for the buckets the numerator p
 --          of the interval between requests, p / q microseconds),
 --   cost (integer >= 1, at most limit),
---   extra (a unique nonce for "sl", the lease id for "cc", q for the buckets, otherwise ""),
+--   extra (the lease id for "cc", q for the buckets, otherwise ""),
 --   gate ("1": a denial by this policy denies the request, "0": it only marks it),
 --   name (the policy's, its field in the override hash).
 --

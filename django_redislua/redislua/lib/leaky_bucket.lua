@@ -2,15 +2,19 @@
 -- water into a bucket of LIMIT intervals that drains continuously, one microsecond of water per
 -- microsecond. A request is admitted while its water fits. Denied requests pour nothing.
 -- Water is counted in units of 1/Q us, in integers.
--- Key: struct '<dd': the water level (1/Q us), the time it was measured (us); expires
--- when empty.
+-- Key: the water level (1/Q us) and the time it was measured (us), packed: struct '<I5I7'
+-- (12 bytes, kept in the key's own allocation) while the level is below 2^40 and the time below
+-- 2^53, else '<dd' (16 bytes, the previous release's only form, still read); expires when empty.
 -- Params: limit = capacity in requests (burst), param = P, cost, extra = Q.
 -- An algorithm block (see ratelimit.lua).
 do
   local p, q = param, extra + 0
   local level, at = 0, now
   local state = redis.call('GET', key)
-  if state and #state == 16 then level, at = struct.unpack('<dd', state) end
+  if state then
+    if #state == 12 then level, at = struct.unpack('<I5I7', state)
+    elseif #state == 16 then level, at = struct.unpack('<dd', state) end
+  end
   if now > at then
     level, at = level - (now - at) * q, now
     if level < 0 then level = 0 end
@@ -29,6 +33,12 @@ do
   remaining, reset = math.floor((size - level) / p), math.ceil(level / q) + lag
   if allowed and consume then
     -- (LEVEL >= cost * p >= 1 after a hit and LAG >= 0: RESET >= 1, its ceiling in ms >= 1)
-    redis.call('SET', key, struct.pack('<dd', level, at), 'PX', math.ceil(reset / 1000))
+    local packed
+    if level < 1099511627776 and at >= 0 and at < 9007199254740992 and at % 1 == 0 then
+      packed = struct.pack('<I5I7', level, at)
+    else
+      packed = struct.pack('<dd', level, at)
+    end
+    redis.call('SET', key, packed, 'PX', math.ceil(reset / 1000))
   end
 end

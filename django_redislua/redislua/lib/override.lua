@@ -23,7 +23,7 @@ do
           local c, l, p, e = string.match(rest, '^|(%a%a)|(%d+)|(%d+)|(.*)$')
           if c == code then
             override, override_until, limit, param = 'r', ends, l + 0, p + 0
-            if code ~= 'sl' and code ~= 'cc' then extra = e end  -- theirs is a per-call nonce
+            if code ~= 'cc' then extra = e end  -- a concurrency lease's id is per call
           end
         elseif kind == 'b' or kind == 'a' then
           override, override_until = kind, ends

@@ -1,16 +1,21 @@
 -- token_bucket ("tb"): a bucket of LIMIT tokens (the burst) refilled one token per interval of
 -- P / Q microseconds exactly (the rate's period over its count, reduced: no rounding).
 -- Tokens arrive whole; a full bucket stops the refill clock. Denied requests take nothing.
--- Key: struct '<ddd': the tokens taken and not yet refilled (so rules of different
--- capacities sharing one state agree on what was used), and the last refill at a + b / Q us
--- (0 <= b < Q) as a, b; expires when the bucket is full again. Times are compared in units of 1/Q us.
+-- Key: the tokens taken and not yet refilled (so rules of different capacities sharing one
+-- state agree on what was used), and the last refill at a + b / Q us (0 <= b < Q) as a, b,
+-- packed: struct '<I4I7I1' (12 bytes, kept in the key's own allocation) while taken < 2^32,
+-- a < 2^53 and b < 256, else '<ddd' (24 bytes, the previous release's only form, still read);
+-- expires when the bucket is full again. Times are compared in units of 1/Q us.
 -- Params: limit = capacity (burst), param = P, cost = tokens to take, extra = Q.
 -- An algorithm block (see ratelimit.lua).
 do
   local capacity, p, q = limit, param, extra + 0
   local taken, a, b
   local state = redis.call('GET', key)
-  if state and #state == 24 then taken, a, b = struct.unpack('<ddd', state) end
+  if state then
+    if #state == 12 then taken, a, b = struct.unpack('<I4I7I1', state)
+    elseif #state == 24 then taken, a, b = struct.unpack('<ddd', state) end
+  end
   if not taken then
     taken, a, b = 0, now, 0
   else
@@ -46,8 +51,14 @@ do
   if allowed and consume then
     -- (a token was taken and lead > -p, since less than one interval has passed since the last
     -- refill: RESET >= 1, so is its ceiling in ms)
-    redis.call('SET', key, struct.pack('<ddd', capacity - tokens, a, b), 'PX',
-               math.ceil(reset / 1000))
+    taken = capacity - tokens
+    local packed
+    if taken < 4294967296 and a >= 0 and a < 9007199254740992 and b < 256 and a % 1 == 0 then
+      packed = struct.pack('<I4I7I1', taken, a, b)
+    else
+      packed = struct.pack('<ddd', taken, a, b)
+    end
+    redis.call('SET', key, packed, 'PX', math.ceil(reset / 1000))
   end
   remaining = tokens
 end
