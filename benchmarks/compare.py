@@ -1,6 +1,7 @@
 """Compare this checkout with an earlier commit: both benchmarks, runs alternated, one command.
 
-    .venv/bin/python benchmarks/compare.py REF [--pairs 3] [--full]
+    .venv/bin/python benchmarks/compare.py REF [--pairs 3] [--full] [--only ratelimit|locks]
+        [--no-reference]
 
 REF (a commit, tag or branch) is checked out in a temporary git worktree. Each pair runs
 ``bench_ratelimit.py`` and ``bench_locks.py`` three ways, in a shuffled order (seeded): the code
@@ -92,7 +93,12 @@ def main() -> int:
     parser.add_argument("ref", help="the earlier commit to compare with")
     parser.add_argument("--pairs", type=int, default=3, help="runs of each contender")
     parser.add_argument("--full", action="store_true", help="both benchmarks at their defaults")
+    parser.add_argument("--only", choices=("ratelimit", "locks"), help="one benchmark only")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="skip this checkout on the reference transport")
     options = parser.parse_args()
+    measures = {"ratelimit": (ratelimit_figures,), "locks": (lock_figures,)}.get(
+        options.only or "", (ratelimit_figures, lock_figures))
     rng = random.Random(SEED)
     with tempfile.TemporaryDirectory() as scratch:
         before = Path(scratch) / "before"
@@ -101,6 +107,8 @@ def main() -> int:
         try:
             contenders = {f"at {options.ref}": (before, []), "this checkout": (ROOT, []),
                           "this, reference transport": (ROOT, ["--reference"])}
+            if options.no_reference:
+                del contenders["this, reference transport"]
             figures: dict[str, dict[str, list[float]]] = {
                 name: defaultdict(list) for name in contenders}
             for pair in range(options.pairs):
@@ -109,7 +117,7 @@ def main() -> int:
                 for name in order:
                     tree, extra = contenders[name]
                     print(f"pair {pair + 1}/{options.pairs}: {name}", file=sys.stderr, flush=True)
-                    for measure in (ratelimit_figures, lock_figures):
+                    for measure in measures:
                         for figure, value in measure(tree, extra, options.full).items():
                             figures[name][figure].append(value)
         finally:

@@ -416,11 +416,14 @@ def test_distinct_identities_get_distinct_keys() -> None:
 # -- memory --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("algorithm", O1_ALGORITHMS)
-def test_one_keys_state_fits_in_128_bytes(algorithm: str, r: redis.Redis) -> None:
+def test_one_keys_state_fits_in_88_bytes(algorithm: str, r: redis.Redis) -> None:
+    """The figure docs/ratelimit.md quotes: a 12-byte value Redis keeps inside its object. (A
+    cluster node adds 16 bytes to every key: its slot's links.)"""
     policy = Policy("api", rate="100/m", algorithm=algorithm)
     for _ in range(50):
         policy.hit("user:12345")
-    assert r.memory_usage(policy.redis_key("user:12345"), samples=0) <= 128
+    cluster = 16 if isinstance(r, RedisCluster) else 0
+    assert r.memory_usage(policy.redis_key("user:12345"), samples=0) <= 88 + cluster
 
 
 @pytest.mark.parametrize("algorithm", ["sliding_log", "concurrency"])
@@ -435,7 +438,8 @@ def test_per_entry_memory_of_the_log_algorithms(algorithm: str, r: redis.Redis) 
     for _ in range(100):
         policy.hit("user:12345")
     per_entry = (r.memory_usage(key, samples=0) - first) / 99
-    assert per_entry <= 48  # the figure docs/ratelimit.md quotes
+    # the figures docs/ratelimit.md quotes: a 7-byte time per log entry, ~31 B per lease
+    assert per_entry <= (8 if algorithm == "sliding_log" else 48)
 
 
 # -- time is the server's ------------------------------------------------------------------------

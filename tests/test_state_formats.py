@@ -1,0 +1,135 @@
+"""How rate-limit state is stored: 12 bytes per identity on the O(1) algorithms (a value Redis keeps
+inside its object), 7 bytes per entry on the sliding log; the previous release's forms still read
+(docs/algorithms.md, "What an identity costs in Redis"); values that do not fit the compact form
+stay exact in the wide one."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import redis
+
+from django_redislua import Policy
+from django_redislua.limiting import evaluate
+from django_redislua.limiting.inspect import log_times, unpack_state
+
+pytestmark = pytest.mark.topologies
+
+T = 1_700_000_000_000_000  # an instant on the server clock, us (a whole minute)
+MINUTE = 60_000_000
+O1 = ("fixed_window", "sliding_window", "token_bucket", "leaky_bucket", "gcra")
+
+
+def hit(policy: Policy, now: int, cost: int = 1, key: str = "10.0.0.1") -> tuple[bool, int]:
+    decision = evaluate([(policy, key, cost)], now_us=now)[0]
+    return decision.allowed, decision.remaining
+
+
+def peek(policy: Policy, now: int, key: str = "10.0.0.1") -> int:
+    return evaluate([(policy, key, 1)], now_us=now, peek=True)[0].remaining
+
+
+@pytest.mark.parametrize("algorithm", O1)
+def test_an_identity_is_twelve_bytes_of_state(algorithm: str, r: redis.Redis) -> None:
+    policy = Policy("api", rate="100/h", algorithm=algorithm)
+    policy.hit("10.0.0.1")
+    key = policy.redis_key("10.0.0.1")
+    assert r.strlen(key) == 12
+    for _ in range(9):
+        policy.hit("10.0.0.1")
+    assert r.strlen(key) == 12
+    fields = unpack_state(policy.code, r.get(key))
+    assert fields is not None and all(v.isdigit() for _n, v in fields)
+
+
+def test_the_sliding_log_is_seven_bytes_per_entry_in_time_order(r: redis.Redis) -> None:
+    policy = Policy("api", rate="5/m", algorithm="sliding_log")
+    key = policy.redis_key("10.0.0.1")
+    assert hit(policy, T) == (True, 4)
+    assert hit(policy, T + 10_000_000, cost=2) == (True, 2)
+    assert r.strlen(key) == 21
+    # The clock goes back 4 s (a failover to a replica behind): the entry goes in its place.
+    assert hit(policy, T + 6_000_000) == (True, 1)
+    assert log_times(r.get(key)) == [T, T + 6_000_000, T + 10_000_000, T + 10_000_000]
+    denied = evaluate([(policy, "10.0.0.1", 2)], now_us=T + 11_000_000)[0]
+    assert not denied.allowed
+    # Room for 2 (of 5, 4 used) once the oldest entry has aged out: at T + 60 s.
+    assert denied.retry_after == pytest.approx((T + MINUTE - T - 11_000_000) / 1e6)
+    # Entries age out: a minute after the first, it is dropped by the next hit.
+    assert hit(policy, T + MINUTE + 1) == (True, 1)
+    assert log_times(r.get(key)) == [T + 6_000_000, T + 10_000_000, T + 10_000_000,
+                                     T + MINUTE + 1]
+
+
+# The previous release's state, as its scripts wrote it (struct of doubles), and what the next
+# decision must make of it.
+PREVIOUS = {
+    # start, count: 3 of 5 used in the window that started at T
+    "fixed_window": (struct.pack("<dd", T, 3), 2),
+    # window start, current count, previous count: 2 now, 4 in the last (whole) window, at
+    # T + 30 s the estimate is 4 * 1/2 + 2 = 4 of 5
+    "sliding_window": (struct.pack("<ddd", T, 2, 4), 1),
+    # tokens taken, refilled at (a, b): 4 of 5 taken at T, one refilled every 12 s
+    "token_bucket": (struct.pack("<ddd", 4, T, 0), 3),
+    # water (1/q us), measured at: 4 intervals of 12 s poured at T
+    "leaky_bucket": (struct.pack("<dd", 4 * 12_000_000, T), 3),
+    # TAT (a, b): 4 intervals ahead of T
+    "gcra": (struct.pack("<dd", T + 4 * 12_000_000, 0), 3),
+}
+
+
+@pytest.mark.parametrize("algorithm", O1)
+def test_the_previous_releases_state_still_reads(algorithm: str, r: redis.Redis) -> None:
+    """An upgrade loses no state: the wide form (doubles) is read as it was, and the next
+    write is the compact form."""
+    policy = Policy("api", rate="5/m", algorithm=algorithm)
+    key = policy.redis_key("10.0.0.1")
+    value, remaining_at_30s = PREVIOUS[algorithm]
+    r.set(key, value, px=120_000)
+    now = T + 30_000_000
+    assert peek(policy, now) == remaining_at_30s
+    assert hit(policy, now) == (True, remaining_at_30s - 1)
+    assert r.strlen(key) == 12
+    assert peek(policy, now) == remaining_at_30s - 1
+
+
+def test_the_previous_releases_sliding_log_reads_as_no_state(r: redis.Redis) -> None:
+    """It was a sorted set: read as no state (at most one window of extra quota after an
+    upgrade), never an error, and replaced by the next hit."""
+    policy = Policy("api", rate="5/m", algorithm="sliding_log")
+    key = policy.redis_key("10.0.0.1")
+    r.zadd(key, {f"nonce:{i}": T + i for i in range(5)})
+    r.pexpire(key, 60_000)
+    assert peek(policy, T + 1_000_000) == 5
+    assert hit(policy, T + 1_000_000) == (True, 4)
+    assert r.type(key) == b"string"
+    assert log_times(r.get(key)) == [T + 1_000_000]
+
+
+@pytest.mark.parametrize(("algorithm", "rate", "cost", "wide"), [
+    # a count of 2^40 or more
+    ("fixed_window", "2000000000000/d", 2**40 + 5, 16),
+    # a period that is not a whole number of ms
+    ("sliding_window", "5/0.0015s", 2, 24),
+    # a count of 2^24 or more
+    ("sliding_window", "20000000/m", 2**24 + 3, 24),
+    # an interval of 10^6/1009 us: 5 ms after the first hit, the refill clock's fraction b
+    # is 405 (of 1009)
+    ("token_bucket", "1009/s", 700, 24),
+])
+def test_values_beyond_the_compact_form_stay_exact(
+    algorithm: str, rate: str, cost: int, wide: int, r: redis.Redis
+) -> None:
+    policy = Policy("big", rate=rate, algorithm=algorithm)
+    key = policy.redis_key("10.0.0.1")
+    allowed, remaining = hit(policy, T + 123, cost=cost)
+    assert allowed and remaining == policy.limit - cost
+    if algorithm == "token_bucket":
+        assert hit(policy, T + 5_123) == (True, policy.limit - cost + 5 - 1)
+        assert r.strlen(key) == wide
+        assert peek(policy, T + 5_123) == policy.limit - cost + 5 - 1
+        return
+    assert r.strlen(key) == wide
+    assert peek(policy, T + 123) == policy.limit - cost
+    assert hit(policy, T + 123) == (True, policy.limit - cost - 1)
