@@ -29,7 +29,6 @@ script; the ``a``-twins run the same on the asyncio driver.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from django_redislua.conf import settings
 from django_redislua.connection import get_client, primary_nodes
 from django_redislua.limiting import clock, denials
 from django_redislua.limiting.decision import ALLOW, BLOCK, RATE
-from django_redislua.limiting.identity import bound_identity
+from django_redislua.limiting.identity import bound_identity, is_bound
 from django_redislua.limiting.inspect import glob_escape
 from django_redislua.limiting.policy import OVERRIDES, Policy, overrides_key
 from django_redislua.limiting.rates import parse_duration
@@ -103,12 +102,9 @@ class Tag(str):
     key form raises ValueError."""
 
     def __new__(cls, value: str) -> Tag:
-        if not (bound_identity(value) == value or _DIGEST.fullmatch(value)):
+        if not is_bound(value):
             raise ValueError(f"{value[:40]!r} is not an identity's key form")
         return super().__new__(cls, value)
-
-
-_DIGEST = re.compile(r"#[0-9a-f]{32}")
 
 
 def _tag(identity: str | bytes | int) -> str:

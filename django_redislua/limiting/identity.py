@@ -7,17 +7,28 @@ in the admin; anything else becomes a fixed-length digest.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import re
 
 MAX_IDENTITY = 64
+# A digest: "#" and 128 bits of SHA-256 in base64url (22 characters; 32 hex digits before, which
+# cost a key 16 more bytes in Redis).
+_DIGEST = re.compile(r"#[A-Za-z0-9_-]{22}")
 
 
 def _digest(data: bytes) -> str:
-    return "#" + hashlib.sha256(data).hexdigest()[:32]
+    return "#" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()[:16]).decode()[:22]
+
+
+def is_bound(value: str) -> bool:
+    """True when ``value`` is an identity's key form: kept as it is, or a digest."""
+    return bound_identity(value) == value or _DIGEST.fullmatch(value) is not None
 
 
 def bound_identity(value: str | bytes | int) -> str:
-    """``value`` if short and printable, else ``"#" + sha256(value)[:32]``.
+    """``value`` if short and printable, else a digest: ``"#"`` + 128 bits of its SHA-256 in
+    base64url.
 
     Kept: 1-64 printable ASCII characters, no space, ``{`` or ``}``, not starting with ``#``
     (the digest marker: a kept value can never look like a digest). String methods rather than
