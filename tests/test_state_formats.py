@@ -9,9 +9,11 @@ import struct
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from django_redislua import Policy
 from django_redislua.limiting import evaluate
+from django_redislua.limiting.identity import is_bound
 from django_redislua.limiting.inspect import log_times, unpack_state
 
 pytestmark = pytest.mark.topologies
@@ -133,3 +135,18 @@ def test_values_beyond_the_compact_form_stay_exact(
     assert r.strlen(key) == wide
     assert peek(policy, T + 123) == policy.limit - cost
     assert hit(policy, T + 123) == (True, policy.limit - cost - 1)
+
+
+def test_a_long_identity_is_a_short_digest(r: redis.Redis) -> None:
+    """128 bits of SHA-256 in 22 base64url characters (32 hex digits before: 16 bytes more per
+    key). Distinct identities, distinct digests; a digest is a key form (overrides.Tag)."""
+    policy = Policy("api", rate="100/h", algorithm="gcra")
+    token = "Bearer " + "x" * 200
+    key = policy.redis_key(token)
+    digest = key[key.index("{") + 1:-1]
+    assert len(digest) == 23 and digest[0] == "#"
+    assert is_bound(digest) and not is_bound("#" + "0" * 32) and not is_bound(token)
+    assert policy.redis_key(token + "y") != key
+    policy.hit(token)
+    cluster = 16 if isinstance(r, RedisCluster) else 0
+    assert r.memory_usage(key, samples=0) <= 104 + cluster  # 120 with the 32-digit digest
