@@ -33,16 +33,22 @@ def peek(policy: Policy, now: int, key: str = "10.0.0.1") -> int:
 
 
 @pytest.mark.parametrize("algorithm", O1)
-def test_an_identity_is_twelve_bytes_of_state(algorithm: str, r: redis.Redis) -> None:
+def test_an_identity_costs_one_small_value(algorithm: str, r: redis.Redis) -> None:
+    """The windows' state is one 19-digit integer (no allocation of its own: Redis keeps it in
+    the object's pointer), the buckets' 12 bytes (inside the object's allocation)."""
     policy = Policy("api", rate="100/h", algorithm=algorithm)
-    policy.hit("10.0.0.1")
     key = policy.redis_key("10.0.0.1")
-    assert r.strlen(key) == 12
-    for _ in range(9):
-        policy.hit("10.0.0.1")
-    assert r.strlen(key) == 12
+    for hits in (1, 9):
+        for _ in range(hits):
+            policy.hit("10.0.0.1")
+        if algorithm in ("fixed_window", "sliding_window"):
+            assert r.object("encoding", key) == b"int" and r.strlen(key) == 19
+        else:
+            assert r.object("encoding", key) == b"embstr" and r.strlen(key) == 12
     fields = unpack_state(policy.code, r.get(key))
     assert fields is not None and all(v.isdigit() for _n, v in fields)
+    if algorithm in ("fixed_window", "sliding_window"):
+        assert fields[1][1] == "10"  # the count (the current window's)
 
 
 def test_the_sliding_log_is_seven_bytes_per_entry_in_time_order(r: redis.Redis) -> None:
@@ -92,7 +98,7 @@ def test_the_previous_releases_state_still_reads(algorithm: str, r: redis.Redis)
     now = T + 30_000_000
     assert peek(policy, now) == remaining_at_30s
     assert hit(policy, now) == (True, remaining_at_30s - 1)
-    assert r.strlen(key) == 12
+    assert r.strlen(key) == (19 if algorithm in ("fixed_window", "sliding_window") else 12)
     assert peek(policy, now) == remaining_at_30s - 1
 
 
@@ -110,6 +116,9 @@ def test_the_previous_releases_sliding_log_reads_as_no_state(r: redis.Redis) -> 
 
 
 @pytest.mark.parametrize(("algorithm", "rate", "cost", "wide"), [
+    # a count of 1000 or more: the 12-byte form
+    ("fixed_window", "5000/h", 1000, 12),
+    ("sliding_window", "5000/h", 1000, 12),
     # a count of 2^40 or more
     ("fixed_window", "2000000000000/d", 2**40 + 5, 16),
     # a period that is not a whole number of ms

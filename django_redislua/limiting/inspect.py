@@ -317,6 +317,9 @@ PACKED = {
 # The compact form (12 bytes: Redis keeps it inside the value's object): little-endian unsigned
 # integers of these widths in bytes (the sliding window's start in ms, not us).
 COMPACT = {"fw": (7, 5), "sw": (6, 3, 3), "tb": (4, 7, 1), "lb": (5, 7), "gc": (7, 5)}
+# The smallest form, where it fits: the fields' decimal digits, these many each, one 19-digit
+# integer (Redis keeps it in the object's pointer). The sliding window's start in ms.
+DIGITS = {"fw": (16, 3), "sw": (13, 3, 3)}
 # The sliding log: one '<I7' entry (a hit's time, us) per unit admitted, in time order.
 LOG_ENTRY = 7
 
@@ -351,7 +354,15 @@ def unpack_state(code: str, value: bytes) -> list[tuple[str, str]] | None:
         return None
     wide, names = layout
     numbers: list[float]
-    if len(value) == sum(COMPACT[code]):
+    digits = DIGITS.get(code)
+    if digits and len(value) == sum(digits) and value.isdigit():
+        numbers, at = [], 0
+        for width in digits:
+            numbers.append(float(value[at:at + width]))
+            at += width
+        if code == "sw":
+            numbers[0] *= 1000  # ms -> us
+    elif len(value) == sum(COMPACT[code]):
         numbers = [float(n) for n in _little(value, COMPACT[code])]
         if code == "sw":
             numbers[0] *= 1000  # ms -> us

@@ -2,11 +2,15 @@
 -- Windows are aligned to multiples of PERIOD. The estimate of hits in the last PERIOD is
 -- previous * (PERIOD - elapsed) / PERIOD + current; a hit is allowed while estimate + cost <= limit.
 -- All comparisons are done multiplied through by PERIOD, in exact integers.
--- Key: the current window's start, current count, previous count, packed: struct '<I6I3I3'
--- with the start in ms (12 bytes, kept in the key's own allocation) while the period is a whole
--- number of ms (any rate in s, m, h or d) and both counts are below 2^24, else '<ddd' with the
--- start in us (24 bytes, the previous release's only form, still read); expires when the next
--- window ends (until then the current count still weighs on the estimate).
+-- Key: the current window's start, current count, previous count, in the smallest form they
+-- fit: the decimal digits of the start in ms and of both counts, 13 + 3 + 3 (a 19-digit
+-- integer, which Redis stores in its object's pointer: no allocation of its own) while the
+-- period is a whole number of ms, both counts are below 1000 and the start has 13 digits below
+-- 9.2 * 10^12 (2001-2262); else struct '<I6I3I3', the start in ms (12 bytes, kept in the
+-- object's own 32-byte allocation) while both counts are below 2^24; else '<ddd', the start in
+-- us (24 bytes, the previous release's only form). Every form is read; the length tells them
+-- apart. Expires when the next window ends (until then the current count still weighs on the
+-- estimate).
 -- Params: limit = hits per period, param = period (us), cost = units to take; extra unused.
 -- An algorithm block (see ratelimit.lua).
 do
@@ -15,10 +19,14 @@ do
   local stored, cur, prev
   local state = redis.call('GET', key)
   if state then
-    if #state == 12 then
+    local size = #state
+    if size == 19 then
+      stored = string.sub(state, 1, 13) * 1000
+      cur, prev = string.sub(state, 14, 16) + 0, string.sub(state, 17) + 0
+    elseif size == 12 then
       stored, cur, prev = struct.unpack('<I6I3I3', state)
       stored = stored * 1000
-    elseif #state == 24 then
+    elseif size == 24 then
       stored, cur, prev = struct.unpack('<ddd', state)
     end
   end
@@ -52,7 +60,11 @@ do
     cur = cur + cost
     -- (2 * period - elapsed > period: the TTL in ms rounded up is at least 1)
     local packed
-    if period % 1000 == 0 and window >= 0 and cur < 16777216 and prev < 16777216 then
+    if period % 1000 ~= 0 or window < 0 then
+      packed = struct.pack('<ddd', window, cur, prev)
+    elseif cur < 1000 and prev < 1000 and window >= 1e15 and window < 9.2e15 then
+      packed = string.format('%.0f%03d%03d', window / 1000, cur, prev)
+    elseif cur < 16777216 and prev < 16777216 then
       packed = struct.pack('<I6I3I3', window / 1000, cur, prev)
     else
       packed = struct.pack('<ddd', window, cur, prev)
