@@ -222,12 +222,14 @@ class RedisLuaAdmin(ModelAdmin):
             marked = {}
         for row in rows:
             row["override"] = marked.get((row["state"].policy_name, row["state"].identity))
+        policy_rows = _policy_rows(in_use)
         return TemplateResponse(request, "admin/django_redislua/redislua/keys.html", self._context(
             request, "Rate-limit keys", "keys",
             page=page,
             rows=rows,
             nodes=nodes,
-            policies=_policy_rows(in_use),
+            policies=policy_rows,
+            policy_choices=[(row["name"], row["name"]) for row in policy_rows],
             search=search,
             policy=policy or "",
             cursor=cursor,
@@ -411,8 +413,11 @@ class RedisLuaAdmin(ModelAdmin):
         return TemplateResponse(request, "admin/django_redislua/redislua/overrides.html",
                                 self._context(
             request, "Live overrides", "overrides", rows=rows, more=len(found) > MAX_LISTED,
-            search=search, policy=policy or "", policies=_override_policies(),
-            add_url=self._url("override_set", next=request.get_full_path()),
+            search=search, policy=policy or "",
+            policy_choices=[(name, "* (every policy)" if name == overrides.EVERY_POLICY else name)
+                            for name in _override_policies()],
+            add_url=self._url("override_set", next=request.get_full_path())
+            if self.has_change_permission(request) else None,
         ))
 
     def override_set_view(self, request: HttpRequest) -> HttpResponse:
