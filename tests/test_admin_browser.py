@@ -59,6 +59,14 @@ def page(admin_user: User) -> Iterator[Any]:
             browser.close()
 
 
+def _log_in(page: Any, live_server: Any, next_url: str) -> None:
+    """Log in as the admin user through the admin's own form, landing on ``next_url``."""
+    page.goto(f"{live_server.url}/admin/login/?next={next_url}")
+    page.fill("#id_username", "ops")
+    page.fill("#id_password", "correct horse")
+    page.click("input[type=submit]")
+
+
 def _shoot(page: Any, tmp_path: Path, name: str) -> Path:
     target = Path(SCREENSHOTS) if SCREENSHOTS else tmp_path
     target.mkdir(parents=True, exist_ok=True)
@@ -73,10 +81,7 @@ def test_limit_see_reset_lock_see_release(page: Any, live_server: Any, tmp_path:
     expect = sync_api.expect
 
     # Log in through the admin's own form.
-    page.goto(f"{base}/admin/login/?next=/admin/")
-    page.fill("#id_username", "ops")
-    page.fill("#id_password", "correct horse")
-    page.click("input[type=submit]")
+    _log_in(page, live_server, "/admin/")
     index_link = page.get_by_role("rowheader", name="Redis Lua").get_by_role("link")
     expect(index_link).to_be_visible()
 
@@ -125,10 +130,7 @@ def test_limit_see_reset_lock_see_release(page: Any, live_server: Any, tmp_path:
 
 def test_auto_refresh_toggle_reloads_the_page(page: Any, live_server: Any) -> None:
     expect = sync_api.expect
-    page.goto(f"{live_server.url}/admin/login/?next=/admin/django_redislua/redislua/")
-    page.fill("#id_username", "ops")
-    page.fill("#id_password", "correct horse")
-    page.click("input[type=submit]")
+    _log_in(page, live_server, "/admin/django_redislua/redislua/")
     expect(page.locator("tr[data-key]")).to_have_count(0)
 
     get_policy("login").hit("198.51.100.9")  # appears only once the page reloads by itself
@@ -166,10 +168,7 @@ def test_recipes_tab_lists_live_instances(page: Any, live_server: Any, tmp_path:
         latency.add("checkout", sample)
     Inventory("<b>hostile</b>").set("a-very-long-sku-" + "x" * 48, 3)
 
-    page.goto(f"{live_server.url}/admin/login/?next=/admin/django_redislua/redislua/")
-    page.fill("#id_username", "ops")
-    page.fill("#id_password", "correct horse")
-    page.click("input[type=submit]")
+    _log_in(page, live_server, "/admin/django_redislua/redislua/")
     page.get_by_role("link", name="Recipes", exact=True).click()
     row = page.locator("tr[data-key='rl:stock:flash-sale:{sku-1}']")
     expect(row).to_be_visible()
@@ -191,10 +190,7 @@ def test_block_an_identity_from_the_keys_tab_then_clear_it(page: Any, live_serve
 
     base = live_server.url
     expect = sync_api.expect
-    page.goto(f"{base}/admin/login/?next=/admin/django_redislua/redislua/")
-    page.fill("#id_username", "ops")
-    page.fill("#id_password", "correct horse")
-    page.click("input[type=submit]")
+    _log_in(page, live_server, "/admin/django_redislua/redislua/")
     assert page.goto(f"{base}/limited/").status == 200  # one hit: its key appears
 
     page.goto(f"{base}/admin/django_redislua/redislua/")
