@@ -1,11 +1,11 @@
 """Redis memory per tracked identity: ours and every peer, per algorithm, in one run.
 
-    .venv/bin/python benchmarks/bench_memory.py [--identities 100000] [--sample 200]
-        [--json PATH] [--only LABEL ...]
+    .venv/bin/python benchmarks/bench_memory.py [--identities 100000] [--passes 1]
+        [--sample 200] [--count 100] [--json PATH] [--only LABEL ...]
 
 Uses REDIS_URL if set (loopback only: the benchmark flushes the database), else starts its own
 loopback server (django_redislua.testing.running_server). Every contender limits the same
-identities (IPv4 addresses, "10.0.0.1" ...) at the same rate (``--rate``, 100 per hour, so ten
+identities (IPv4 addresses, "10.0.0.1" ...) at the same rate (``--count`` per hour, 100, so ten
 hits stay allowed), one contender at a time on an emptied database:
 
 1. **Bytes per identity, after 1 hit and after 10**: ``--sample`` identities are hit once, then
@@ -16,9 +16,11 @@ hits stay allowed), one contender at a time on an emptied database:
 2. **100,000 identities**: ``used_memory`` (``INFO memory``) before and after one hit for each of
    ``--identities`` identities, divided by them: what ``MEMORY USAGE`` leaves out is in here
    (the expiry table's entries, the dictionaries' buckets, a value Redis shares rather than
-   allocates), and so is the allocator's rounding. The pass is made twice, on an emptied
-   database each time, and the second measured, so that what the server allocates once (a
-   script in its cache, a client's buffers) is not counted per identity.
+   allocates), and so is the allocator's rounding. A first pass on an emptied database is not
+   measured, so that what the server allocates once (a script in its cache, a client's
+   buffers) is not counted per identity; then ``--passes`` measured ones, each on an emptied
+   database, and their median is the figure. ``used_memory`` moves by 1-10 KB between passes
+   for reasons of its own (0.01-0.1 B per identity), so figures within 0.5 B are a tie.
 
 Contenders per algorithm: ours (``Policy.hit``, policy ``api``, the default ``KEY_PREFIX``);
 limits (fixed window, sliding window counter, moving window), throttled-py (fixed window,
@@ -283,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="identities for the used_memory delta (0: skip it)")
     parser.add_argument("--sample", type=int, default=200,
                         help="identities measured key by key with MEMORY USAGE")
-    parser.add_argument("--passes", type=int, default=3,
+    parser.add_argument("--passes", type=int, default=1,
                         help="measured passes of --identities (their median is the figure)")
     parser.add_argument("--count", type=int, default=100, help="the rate: COUNT per hour")
     parser.add_argument("--only", nargs="*", help="only contenders whose label contains these")
