@@ -32,7 +32,7 @@ do
     if start % 1 ~= 0 then
       packed = struct.pack('<dd', start, count)
     elseif count < 1000 and start >= 1e15 and start < 9.2e15 then
-      packed = string.format('%.0f%03d', start, count)
+      packed = string.format('%d%03d', start, count)
     elseif start >= 0 and start < 9007199254740992 and count < 1099511627776 then
       packed = struct.pack('<I7I5', start, count)
     else

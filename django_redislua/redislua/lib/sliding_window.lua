@@ -63,7 +63,7 @@ do
     if period % 1000 ~= 0 or window < 0 then
       packed = struct.pack('<ddd', window, cur, prev)
     elseif cur < 1000 and prev < 1000 and window >= 1e15 and window < 9.2e15 then
-      packed = string.format('%.0f%03d%03d', window / 1000, cur, prev)
+      packed = string.format('%d%03d%03d', window / 1000, cur, prev)
     elseif cur < 16777216 and prev < 16777216 then
       packed = struct.pack('<I6I3I3', window / 1000, cur, prev)
     else
