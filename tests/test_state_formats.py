@@ -102,17 +102,55 @@ def test_the_previous_releases_state_still_reads(algorithm: str, r: redis.Redis)
     assert peek(policy, now) == remaining_at_30s - 1
 
 
-def test_the_previous_releases_sliding_log_reads_as_no_state(r: redis.Redis) -> None:
-    """It was a sorted set: read as no state (at most one window of extra quota after an
-    upgrade), never an error, and replaced by the next hit."""
+def test_the_previous_releases_sliding_log_still_reads(r: redis.Redis) -> None:
+    """It was a sorted set of nonce members: read as it is; the next admitted hit of a small
+    log (a limit up to 256) moves its live entries into the 7-byte form."""
     policy = Policy("api", rate="5/m", algorithm="sliding_log")
     key = policy.redis_key("10.0.0.1")
-    r.zadd(key, {f"nonce:{i}": T + i for i in range(5)})
+    r.zadd(key, {f"0123456789abcdef:{i}": T + i for i in range(1, 4)})
+    r.zadd(key, {"0123456789abcdef:0": T - MINUTE})  # aged out
     r.pexpire(key, 60_000)
-    assert peek(policy, T + 1_000_000) == 5
-    assert hit(policy, T + 1_000_000) == (True, 4)
+    assert peek(policy, T + 1_000_000) == 2
+    assert hit(policy, T + 1_000_000) == (True, 1)
     assert r.type(key) == b"string"
-    assert log_times(r.get(key)) == [T + 1_000_000]
+    assert log_times(r.get(key)) == [T + 1, T + 2, T + 3, T + 1_000_000]
+    assert hit(policy, T + 2_000_000) == (True, 0)
+    assert not evaluate([(policy, "10.0.0.1", 1)], now_us=T + 2_000_000)[0].allowed
+
+
+@pytest.mark.parametrize("limit", [256, 257])
+def test_a_log_takes_the_form_its_limit_calls_for(limit: int, r: redis.Redis) -> None:
+    """Up to 256, 7 bytes an entry (rewritten by each hit); above, a sorted set (O(log n) a
+    hit). A changed limit moves the live entries over at the next admitted hit, exactly."""
+    small = Policy("api", rate="6/m", algorithm="sliding_log")
+    other = small.with_rate(f"{limit}/m")
+    key = small.redis_key("10.0.0.1")
+    for i in range(3):
+        assert hit(small, T + i, cost=i + 1)[0]  # 6 entries at T, T + 1 (x2), T + 2 (x3)
+    assert r.type(key) == b"string"
+    assert hit(other, T + 10, cost=2) == (True, limit - 8)
+    assert r.type(key) == (b"string" if limit <= 256 else b"zset")
+    if limit > 256:
+        assert r.zcard(key) == 8
+        assert peek(other, T + 10) == limit - 8
+        # back to the small limit: moved into the 7-byte form at its next admitted hit
+        assert hit(other.with_rate("20/m"), T + 20) == (True, 11)
+    times = log_times(r.get(key))
+    assert times[:8] == [T, T + 1, T + 1, T + 2, T + 2, T + 2, T + 10, T + 10]
+    # Entries age out: a minute after T + 2, only those after T + 2 are left.
+    assert peek(other, T + MINUTE + 2) == limit - 2 - (len(times) - 8)
+
+
+def test_a_large_log_is_a_sorted_set_and_decides_exactly(r: redis.Redis) -> None:
+    policy = Policy("api", rate="1000/m", algorithm="sliding_log")
+    key = policy.redis_key("10.0.0.1")
+    assert hit(policy, T, cost=600) == (True, 400)
+    assert hit(policy, T + 30_000_000, cost=400) == (True, 0)
+    assert r.type(key) == b"zset" and r.zcard(key) == 1000
+    denied = evaluate([(policy, "10.0.0.1", 500)], now_us=T + 40_000_000)[0]
+    assert not denied.allowed and denied.retry_after == pytest.approx(20.0)  # the 600 at T
+    assert hit(policy, T + MINUTE + 1, cost=500) == (True, 100)
+    assert r.zcard(key) == 900  # the 600 aged out and were dropped
 
 
 @pytest.mark.parametrize(("algorithm", "rate", "cost", "wide"), [
