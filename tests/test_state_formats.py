@@ -104,7 +104,7 @@ def test_the_previous_releases_state_still_reads(algorithm: str, r: redis.Redis)
 
 def test_the_previous_releases_sliding_log_still_reads(r: redis.Redis) -> None:
     """It was a sorted set of nonce members: read as it is; the next admitted hit of a small
-    log (a limit up to 256) moves its live entries into the 7-byte form."""
+    log (a limit up to 128) moves its live entries into the 7-byte form."""
     policy = Policy("api", rate="5/m", algorithm="sliding_log")
     key = policy.redis_key("10.0.0.1")
     r.zadd(key, {f"0123456789abcdef:{i}": T + i for i in range(1, 4)})
@@ -118,9 +118,9 @@ def test_the_previous_releases_sliding_log_still_reads(r: redis.Redis) -> None:
     assert not evaluate([(policy, "10.0.0.1", 1)], now_us=T + 2_000_000)[0].allowed
 
 
-@pytest.mark.parametrize("limit", [256, 257])
+@pytest.mark.parametrize("limit", [128, 129])
 def test_a_log_takes_the_form_its_limit_calls_for(limit: int, r: redis.Redis) -> None:
-    """Up to 256, 7 bytes an entry (rewritten by each hit); above, a sorted set (O(log n) a
+    """Up to 128, 7 bytes an entry (rewritten by each hit); above, a sorted set (O(log n) a
     hit). A changed limit moves the live entries over at the next admitted hit, exactly."""
     small = Policy("api", rate="6/m", algorithm="sliding_log")
     other = small.with_rate(f"{limit}/m")
@@ -129,8 +129,8 @@ def test_a_log_takes_the_form_its_limit_calls_for(limit: int, r: redis.Redis) ->
         assert hit(small, T + i, cost=i + 1)[0]  # 6 entries at T, T + 1 (x2), T + 2 (x3)
     assert r.type(key) == b"string"
     assert hit(other, T + 10, cost=2) == (True, limit - 8)
-    assert r.type(key) == (b"string" if limit <= 256 else b"zset")
-    if limit > 256:
+    assert r.type(key) == (b"string" if limit <= 128 else b"zset")
+    if limit > 128:
         assert r.zcard(key) == 8
         assert peek(other, T + 10) == limit - 8
         # back to the small limit: moved into the 7-byte form at its next admitted hit

@@ -1,9 +1,9 @@
 -- sliding_log ("sl"): exact; at most LIMIT hits in any span of PERIOD. Stores one entry per unit
 -- of cost admitted.
--- Key, in the form its limit calls for: up to 256 (a small log), a string of 7-byte entries,
+-- Key, in the form its limit calls for: up to 128 (a small log), a string of 7-byte entries,
 -- each a hit's time (us) as struct '<I7', in time order (a hit timed before the newest entry,
 -- after the server clock went back, goes in its place), which costs 7 bytes an entry but is
--- rewritten by each admitted hit; above 256, a sorted set, one member "<time>:<n>" (unique among
+-- rewritten by each admitted hit; above 128, a sorted set, one member "<time>:<n>" (unique among
 -- the live entries) per entry scored by its time, O(log n) a hit. Every script reads both
 -- forms (the previous release's sorted set too, whatever its limit); an admitted hit writes
 -- the form its limit calls for, moving the live entries over (at most the limit) when the key
@@ -18,12 +18,19 @@ do
   local period = param
   local horizon = now - period
   local after = string.format('(%d', horizon)
-  local log = redis.pcall('GET', key)  -- a string; false: no key; an error reply: a sorted set
-  local sorted = type(log) == 'table'
-  local count, first, n = 0, 1, 0
-  if sorted then
-    count = redis.call('ZCOUNT', key, after, '+inf')
+  -- One call finds the form the limit calls for; an error reply (WRONGTYPE) says the key holds
+  -- the other, then read.
+  local log, sorted, count, first, n = false, false, 0, 1, 0
+  if limit > 128 then
+    count = redis.pcall('ZCOUNT', key, after, '+inf')  -- 0 for no key
+    sorted = type(count) == 'number'
+    if not sorted then log = redis.call('GET', key) end
   else
+    log = redis.pcall('GET', key)  -- false for no key
+    sorted = type(log) == 'table'
+    if sorted then count = redis.call('ZCOUNT', key, after, '+inf') end
+  end
+  if not sorted then
     if not log then log = '' end
     n = #log / 7
     -- The first live entry (time > horizon): every entry before it has aged out.
@@ -38,7 +45,7 @@ do
   allowed, reset, retry = count + cost <= limit, 0, 0
   remaining = limit - count
   if allowed and consume then
-    if limit <= 256 then
+    if limit <= 128 then
       if sorted then  -- move the live entries (COUNT <= LIMIT - COST) into a small log
         local live = redis.call('ZRANGEBYSCORE', key, after, '+inf', 'WITHSCORES')
         local parts = {}
@@ -63,7 +70,7 @@ do
       local entries, moved = {}, 0
       if sorted then
         redis.call('ZREMRANGEBYSCORE', key, '-inf', horizon)
-      else  -- move the live entries of a small log (COUNT <= 256) into a sorted set
+      else  -- move the live entries of a small log (COUNT <= 128) into a sorted set
         for i = first, n do
           local t = struct.unpack('<I7', log, 7 * i - 6)
           moved = moved + 1
@@ -71,7 +78,7 @@ do
         end
         if n > 0 then redis.call('DEL', key) end
       end
-      -- The moved entries go with the first chunk of new ones (at most 256 + 1000 pairs).
+      -- The moved entries go with the first chunk of new ones (at most 128 + 1000 pairs).
       local added = 0
       while added < cost do
         local chunk = math.min(cost - added, 1000)
