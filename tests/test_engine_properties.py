@@ -205,6 +205,32 @@ def test_multi_policy_gates_match_model(data: st.DataObject, algorithms: list[st
 LARGE_RATES = st.tuples(st.integers(1, 10**7), st.sampled_from((1, 7, 3600, 86_400)))
 
 
+@PROPERTY_SETTINGS
+@given(data=st.data())
+def test_a_sliding_log_whose_limit_changes_keeps_every_entry(data: st.DataObject) -> None:
+    """One identity decided at limits on both sides of 128 (a rate callable's tiers): the log
+    moves between its two forms (7-byte entries up to 128, a sorted set above) at admitted
+    hits, and every decision agrees with the one model log."""
+    base = Policy("tiers", rate="6/60s", algorithm="sliding_log")
+    limits = data.draw(st.lists(st.sampled_from((2, 6, 127, 128, 129, 300)), min_size=2,
+                                max_size=3, unique=True))
+    tiers = [base.with_rate(f"{limit}/60s") for limit in limits]
+    models = [model_for(tier) for tier in tiers]
+    for model in models[1:]:
+        model.state = models[0].state  # one log, whatever the limit it is read at
+    client = get_client()
+    assert isinstance(client, redis.Redis)
+    client.flushall()
+    denials.forget()
+    tx = TransactionalClient(client)
+    now = BASE_US + data.draw(st.integers(0, 60_000_000))
+    for _ in range(data.draw(st.integers(1, 25))):
+        now += data.draw(steps(60_000_000))
+        i = data.draw(st.integers(0, len(tiers) - 1))
+        cost = data.draw(st.integers(1, min(3, tiers[i].limit)) | st.just(tiers[i].limit))
+        run_step(client, tx, [(tiers[i], models[i], "who", cost)], now, data.draw(st.booleans()))
+
+
 @pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "concurrency"])
 @PROPERTY_SETTINGS
 @given(data=st.data(), rate=LARGE_RATES)
