@@ -182,6 +182,10 @@ def test_values_beyond_the_compact_form_stay_exact(
     assert r.strlen(key) == wide
     assert peek(policy, T + 123) == policy.limit - cost
     assert hit(policy, T + 123) == (True, policy.limit - cost - 1)
+    fields = unpack_state(policy.code, r.get(key))  # the admin reads every form
+    start = T + 123 - (T + 123) % policy.param if algorithm == "sliding_window" else T + 123
+    assert fields is not None and fields[0][1] == str(start)
+    assert fields[1][1] == str(cost + 1)
 
 
 def test_a_long_identity_is_a_short_digest(r: redis.Redis) -> None:

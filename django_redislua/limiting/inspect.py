@@ -324,10 +324,12 @@ DIGITS = {"fw": (16, 3), "sw": (13, 3, 3)}
 LOG_ENTRY = 7
 
 
-def _little(value: bytes, widths: tuple[int, ...]) -> list[int]:
+def _split(value: bytes, widths: tuple[int, ...], decimal: bool) -> list[float]:
+    """Fields of these widths: decimal digits, or little-endian unsigned integers."""
     numbers, at = [], 0
     for width in widths:
-        numbers.append(int.from_bytes(value[at:at + width], "little"))
+        part = value[at:at + width]
+        numbers.append(float(part) if decimal else float(int.from_bytes(part, "little")))
         at += width
     return numbers
 
@@ -353,23 +355,18 @@ def unpack_state(code: str, value: bytes) -> list[tuple[str, str]] | None:
     if layout is None:
         return None
     wide, names = layout
-    numbers: list[float]
     digits = DIGITS.get(code)
-    if digits and len(value) == sum(digits) and value.isdigit():
-        numbers, at = [], 0
-        for width in digits:
-            numbers.append(float(value[at:at + width]))
-            at += width
-        if code == "sw":
-            numbers[0] *= 1000  # ms -> us
-    elif len(value) == sum(COMPACT[code]):
-        numbers = [float(n) for n in _little(value, COMPACT[code])]
-        if code == "sw":
-            numbers[0] *= 1000  # ms -> us
-    elif len(value) == struct.calcsize(wide):
+    if len(value) == struct.calcsize(wide):
         numbers = list(struct.unpack(wide, value))
     else:
-        return None
+        if digits and len(value) == sum(digits) and value.isdigit():
+            numbers = _split(value, digits, decimal=True)
+        elif len(value) == sum(COMPACT[code]):
+            numbers = _split(value, COMPACT[code], decimal=False)
+        else:
+            return None
+        if code == "sw":
+            numbers[0] *= 1000  # its start in ms
     return [(name, f"{number:.0f}") for name, number in zip(names, numbers, strict=True)]
 
 
