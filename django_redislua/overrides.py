@@ -12,13 +12,14 @@ The identity is the one the policy's key function yields (what the admin's keys 
 ``policy="*"`` blocks or allows it under every policy. A policy's own override wins over "*".
 
 Applied inside the decision's own script (``lib/override.lua``), in the same round trip: the
-identity's override hash shares the cluster slot of its state keys, and a decision reads it
-with one ``HMGET`` (of a missing key, when there is none). A block refuses without consuming,
-``Retry-After`` the block's remaining time; an allow admits without consuming; a changed rate
-decides the policy's algorithm at that rate on the identity's own state (switching rates
-never resets a count). Every app server honours a new or cleared override at its next decision;
-a denial another process's local cache answers is asked again within 1 s (see
-:mod:`~django_redislua.limiting.denials`), in this process at once.
+identity's override hash shares the cluster slot of its state keys, and a decision looks for it
+with one ``EXISTS`` (of a missing key, when there is none), then reads it with one ``HMGET``. A
+block refuses without consuming, ``Retry-After`` the block's remaining time; an allow admits
+without consuming; a changed rate decides the policy's algorithm at that rate on the
+identity's own state (switching rates never resets a count). Every app server honours a new
+or cleared override at its next decision; a denial another process's local cache answers is
+asked again within 1 s (see :mod:`~django_redislua.limiting.denials`), in this process at
+once.
 
 Every override ends (``ttl`` is required, at most :data:`MAX_TTL`); its reason and who set it
 are kept beside it. Identities, reasons and names are bounded: a hostile value never makes a
