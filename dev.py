@@ -79,7 +79,8 @@ def test(argv: list[str]) -> int:
 def bench(argv: list[str]) -> int:
     ensure_env("dev,bench")
     status = run(PYTHON, "benchmarks/bench_ratelimit.py", *argv)
-    return status or run(PYTHON, "benchmarks/bench_locks.py")
+    status = status or run(PYTHON, "benchmarks/bench_locks.py")
+    return status or run(PYTHON, "benchmarks/bench_memory.py")
 
 
 # The other supported combinations (README's "supported versions"); `test` runs the whole suite
@@ -93,7 +94,7 @@ COMBINATIONS = (
 )
 # What differs between those combinations: the engine, views, DRF (and DRF's own tests), locks
 # sync and async, lost replies, both transports, checks, the first-hour path, the test helpers,
-# the cluster, live overrides. The multi-process and browser tests run in `test` only.
+# the cluster, live overrides, the state's forms in Redis. The multi-process and browser tests run in `test` only.
 FAST = (
     "tests/test_engine.py", "tests/test_decorators.py", "tests/test_middleware.py",
     "tests/test_drf.py", "tests/test_drf_reference.py", "tests/test_locks.py",
@@ -101,6 +102,7 @@ FAST = (
     "tests/test_checks.py", "tests/test_first_hour.py", "tests/test_quickstart_project.py",
     "tests/test_django_runner.py", "tests/test_pytest_plugin.py", "tests/test_cluster.py",
     "tests/test_recipes.py", "tests/test_overrides.py", "tests/test_smoke.py",
+    "tests/test_state_formats.py",
 )
 
 
