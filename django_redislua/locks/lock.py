@@ -6,12 +6,14 @@ may release it, and nobody else can. Fencing tokens come from ``max(last token +
 in microseconds)``: strictly increasing for a name even after Redis lost its data.
 
 Waiting is first come, first served. Every acquire call is a *wait* with its own id; a waiter
-subscribes to the lock's channel (see ``waiting``), then queues itself by arrival. A full release
-offers the lock to the first live waiter as a *claim*: the lock hash names that wait and expires
-after the claim window (``LOCK_CLAIM_WINDOW``, 1 s), and ``granted <wait> <token> <window ms>``
-is published. The heir confirms with one more call (its lease starts then); a heir that died, is
-stopped or left never confirms, and when the window runs out the other waiters, woken by their
-timers, retry and the first one back takes the lock. A grant belongs to one wait, never to the
+subscribes to its inbox (a thread's own channel, kept from wait to wait; an asyncio wait's is
+the lock's channel, see ``waiting``), then queues itself by arrival, naming the inbox. A full
+release offers the lock to the first live waiter as a *claim*: the lock hash names that wait and
+expires after the claim window (``LOCK_CLAIM_WINDOW``, 1 s), and ``granted <wait> <token>
+<window ms>`` is published to that waiter's inbox alone. The heir confirms with one more call
+(its lease starts then); a heir that died, is stopped or left never confirms. Every queued
+waiter looks again at least once per claim window, so when the claim runs out the first one
+back takes the lock. A grant belongs to one wait, never to the
 Lock object, so no other acquire can use it.
 
 Every step (acquire, wait, confirm, re-entry, withdraw, release, extend, renew) is a protocol

@@ -8,7 +8,8 @@ the transport cannot subscribe: redis-py before 8.0 on an asyncio cluster polls,
 The subscription is confirmed by the server before the retry, so a release between the failed
 try and the subscription cannot be missed. The sync transport keeps a thread's pub/sub
 connection from one wait to the next (subscribing and unsubscribing per wait), so waiting costs
-no new connection.
+no new connection; a lock's waiter listens on the thread's *inbox* instead (``protocol.Inbox``),
+a channel of its own that stays subscribed, confirmed once for all its waits.
 
 A caller may read the messages itself (``on_message``): a lock's release offers the lock to one
 queued waiter and says so on the channel, so that waiter confirms at once and the others sleep
