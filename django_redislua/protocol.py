@@ -63,25 +63,6 @@ class Call:
 
 
 @dataclass(frozen=True, slots=True)
-class Post:
-    """A :class:`Call` written now, its reply read later (:class:`Collect`): the caller goes on
-    before the server has answered. Only for a script that may run again when the first send
-    did not run it (a missing script, a redirect: then :class:`Collect` sends it again).
-    Transports that cannot leave a reply unread perform the call at once. Produces a handle
-    with ``collect()`` (the reply, read at most once; a plain call, for code that is no
-    protocol) for :class:`Collect`."""
-
-    call: Call
-
-
-@dataclass(frozen=True, slots=True)
-class Collect:
-    """The reply of a :class:`Post` (read now if it was not yet); an error reply raises."""
-
-    posted: Any
-
-
-@dataclass(frozen=True, slots=True)
 class Send:
     """Each group's commands in one write on one connection of the server that holds the
     group's key (a cluster's primary for that slot; the only server otherwise), every group
@@ -207,8 +188,8 @@ class Join:
     spawned: Any
 
 
-Operation = (Call | Post | Collect | Send | Load | Refresh | Clustered | Execute | Pause
-             | Subscribe | Inbox | Listen | Unsubscribe | Invoke | Spawn | Join)
+Operation = (Call | Send | Load | Refresh | Clustered | Execute | Pause | Subscribe | Inbox
+             | Listen | Unsubscribe | Invoke | Spawn | Join)
 Protocol = Generator[Operation, Any, T]
 
 

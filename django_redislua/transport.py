@@ -64,10 +64,8 @@ from django_redislua.connection import (
 )
 from django_redislua.drivers import Step, adrive, adrive_step, drive, drive_step, keep_running
 from django_redislua.protocol import (
-    REDIRECTS,
     Call,
     Clustered,
-    Collect,
     Command,
     Execute,
     Inbox,
@@ -77,14 +75,12 @@ from django_redislua.protocol import (
     Load,
     Mailbox,
     Pause,
-    Post,
     Protocol,
     Refresh,
     Send,
     Spawn,
     Subscribe,
     Unsubscribe,
-    _first_key,
     call,
     missing,
     unsent,
@@ -211,67 +207,6 @@ def first_error(replies: list[Any]) -> None:
             raise reply
 
 
-class Answered:
-    """A :class:`protocol.Post` performed at once: its reply is known already."""
-
-    def __init__(self, reply: Any) -> None:
-        self.reply = reply
-
-    def collect(self) -> Any:
-        return self.reply
-
-
-class Pending:
-    """A :class:`protocol.Post` written on ``conn`` (taken from ``source``, kept out of it)
-    whose reply is read by the first ``collect`` (from any thread; later ones get the same
-    outcome), then the connection goes back. A reply saying the script did not run (missing,
-    a redirect) sends it again through ``transport``, the protocol's way. Never collected, the
-    connection is closed before it goes back (a reply unread on it must answer nothing)."""
-
-    def __init__(self, transport: Transport, op: Post, conn: Connection, source: Any) -> None:
-        self.transport, self.op, self.conn, self.source = transport, op, conn, source
-        self._mutex = threading.Lock()
-        self._outcome: tuple[bool, Any] | None = None  # (raised, reply or failure)
-
-    def collect(self) -> Any:
-        with self._mutex:
-            if self._outcome is None:
-                self._outcome = self._read()
-        raised, value = self._outcome
-        if raised:
-            raise value
-        return value
-
-    def _read(self) -> tuple[bool, Any]:
-        conn, self.conn = self.conn, None
-        script, command = self.op.call.script, self.op.call.command
-        try:
-            reply = read(conn, 1)[0]
-        except BaseException as exc:  # read() closed the connection
-            metrics.redis_error(script.name)
-            return True, exc
-        finally:
-            self.source.give(conn)
-        if missing(reply) or isinstance(reply, REDIRECTS):
-            try:
-                return False, drive(call(script, command, loaded_first=missing(reply)),
-                                    self.transport)
-            except BaseException as exc:
-                return True, exc
-        if isinstance(reply, ResponseError):
-            metrics.redis_error(script.name)
-            return True, reply
-        return False, reply
-
-    def __del__(self) -> None:
-        conn = self.conn
-        if conn is not None:
-            self.conn = None
-            with contextlib.suppress(Exception):
-                conn.disconnect()
-                self.source.give(conn)
-
-
 class Transport:
     """What the sync driver performs: Redis operations (subclasses) and the ones that need no
     Redis (pauses, application calls, protocols run apart)."""
@@ -284,7 +219,6 @@ class Transport:
             Clustered: self.clustered, Execute: self.execute, Pause: self.pause,
             Subscribe: self.subscribe, Listen: self.listen, Unsubscribe: self.unsubscribe,
             Inbox: self.inbox, Invoke: self.invoke, Spawn: self.spawn, Join: self.join,
-            Post: self.post, Collect: self.collect,
         }
         self._local = threading.local()
 
@@ -300,14 +234,6 @@ class Transport:
     def call(self, script: Script, command: Command) -> Any:
         """One script call's reply; an error reply raises (see :class:`protocol.Call`)."""
         return drive(call(script, command), self)
-
-    def post(self, op: Post) -> Any:
-        """Where no connection can be left with a reply to read: the call, at once."""
-        return Answered(self.perform_call(op.call))
-
-    @staticmethod
-    def collect(op: Collect) -> Any:
-        return op.posted.collect()
 
     def send(self, op: Send) -> Replies:
         raise NotImplementedError
@@ -431,18 +357,6 @@ class ServerTransport(Transport):
         finally:
             source.give(conn)
 
-    def post(self, op: Post, again: Transport | None = None) -> Pending:
-        """The call written on a connection kept out of the pool until its reply is read."""
-        source = self.source
-        conn = opened(source)
-        try:
-            written(source, conn, (op.call.command,))
-        except BaseException:
-            source.give(conn)
-            metrics.redis_error(op.call.script.name)
-            raise
-        return Pending(again or self, op, conn, source)
-
     def reply(self, command: Command) -> Any:
         """One command sent once, its reply (an error reply as its exception)."""
         source = self.source
@@ -536,10 +450,6 @@ class ClusterTransport(Transport):
                     conn.disconnect()
                 source.give(conn)
 
-    def post(self, op: Post) -> Pending:
-        """Written on a connection of the primary holding the call's first key."""
-        return self.node(_first_key(op.call.command)).post(op, again=self)
-
     def load(self, op: Load) -> None:
         """On every primary, each in one exchange."""
         for node in self.primaries():
@@ -627,7 +537,6 @@ class AsyncTransport:
             Clustered: self.clustered, Execute: self.execute, Pause: self.pause,
             Subscribe: self.subscribe, Listen: self.listen, Unsubscribe: self.unsubscribe,
             Inbox: self.inbox, Invoke: self.invoke, Spawn: self.spawn, Join: self.join,
-            Post: self.post, Collect: self.collect,
         }
 
     def perform(self, operation: Any) -> Any:
@@ -663,14 +572,6 @@ class AsyncTransport:
         pubsub = self.client.pubsub()
         await pubsub.subscribe(op.channel)
         return pubsub
-
-    async def post(self, op: Post) -> Answered:
-        """Performed at once (an asyncio reply left unread would need a task to read it)."""
-        return Answered(await self.perform_call(op.call))
-
-    @staticmethod
-    def collect(op: Collect) -> Any:
-        return asyncio.sleep(0, op.posted.collect())
 
     async def inbox(self, op: Inbox) -> Mailbox:
         """No kept inbox here: the primitive's own channel, for this wait alone."""
@@ -863,8 +764,8 @@ class ThrowawayLoopTransport(AsyncTransport):
         super().__init__()
         self.client = sync.client
         self.sync = sync
-        for kind in (Call, Post, Collect, Send, Load, Refresh, Clustered, Execute, Subscribe,
-                     Inbox, Listen, Unsubscribe):
+        for kind in (Call, Send, Load, Refresh, Clustered, Execute, Subscribe, Inbox, Listen,
+                     Unsubscribe):
             self.operations[kind] = self.inline
 
     def inline(self, operation: Any) -> Any:
@@ -952,8 +853,9 @@ class AsyncUnbuilt(AsyncTransport):
         return get_async_transport().call(script, command)
 
 
-REDIS_OPERATIONS = frozenset({Call, Post, Collect, Send, Load, Refresh, Clustered, Execute,
-                              Subscribe, Inbox, Listen, Unsubscribe})
+REDIS_OPERATIONS = frozenset({Call, Send, Load, Refresh, Clustered, Execute, Subscribe, Inbox,
+                              Listen,
+                              Unsubscribe})
 _UNBUILT = Unbuilt()
 
 

@@ -21,13 +21,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from django_redislua.connection import CLIENT_ERRORS
 
 # FIRST_RETRY: the first retry after a failed renewal; each further one waits twice as long
 # (at most a renewal interval, and never past the lease's end).
-from django_redislua.protocol import FIRST_RETRY, Call, Collect, Join, Pause, Protocol, Spawn
+from django_redislua.protocol import FIRST_RETRY, Call, Join, Pause, Protocol, Spawn
 from django_redislua.scripts import get_script
 
 
@@ -37,53 +36,19 @@ def milliseconds(seconds: float) -> int:
 
 
 class Lease:
-    """The lease on ``key`` held by ``owner``, known to last until ``deadline`` (monotonic).
-
-    A call that sets the lease may be *pending* (a :class:`protocol.Post` whose reply is not
-    read yet, and what its reply means): until its reply is read the deadline stays what was
-    known before it. It is read before any other call on the lease (``settling``), and by
-    ``expired`` once the deadline has passed, so a lease never reads expired for want of a
-    reply that has arrived."""
+    """The lease on ``key`` held by ``owner``, known to last until ``deadline`` (monotonic)."""
 
     def __init__(self, key: str, owner: str, seconds: float, sent_at: float) -> None:
         self.key = key
         self.owner = owner
         self.deadline = sent_at + seconds
-        self.pending: tuple[Any, Callable[[Any], None]] | None = None
 
     @property
     def expired(self) -> bool:
-        if time.monotonic() < self.deadline:
-            return False
-        pending = self.pending
-        if pending is None:
-            return True
-        try:
-            reply = pending[0].collect()
-        except CLIENT_ERRORS:
-            reply = None  # unknown: the deadline known before it stands
-        self._settled(pending, reply)
         return time.monotonic() >= self.deadline
-
-    def _settled(self, pending: tuple[Any, Callable[[Any], None]], reply: Any) -> None:
-        if self.pending is pending:
-            self.pending = None
-        pending[1](reply)  # the same reply whoever read it: applying it twice changes nothing
-
-    def settling(self) -> Protocol[None]:
-        """Read the pending call's reply, if any (a failure leaves the deadline as it was)."""
-        pending = self.pending
-        if pending is None:
-            return
-        try:
-            reply = yield Collect(pending[0])
-        except CLIENT_ERRORS:
-            reply = None
-        self._settled(pending, reply)
 
     def extending(self, seconds: float, replace: bool = True) -> Protocol[bool]:
         """Make the lease ``seconds`` (or add them); False when it is no longer ours."""
-        yield from self.settling()
         script = get_script("django_redislua.lock_extend")
         sent_at = time.monotonic()
         reply = yield Call(script, script.command(

@@ -57,7 +57,6 @@ from django_redislua.protocol import (
     Inbox,
     Invoke,
     Mailbox,
-    Post,
     Protocol,
     call_replicated,
     interrupted,
@@ -138,8 +137,6 @@ class _Wait:
         self.deadline = None if limit is None else time.monotonic() + limit
         self.sent_at = 0.0
         self.inbox = ""  # the token of the inbox a hand-off to this wait is published to
-        self.seen = 0  # the lock's fencing token when a try of this wait last found it taken
-        self.granted = False  # took the lock on reading its grant: its confirmation is owed
         self.acked = 0  # replicas that confirmed the last call (with Lock(replicas=N))
         self.unreplicated = False  # acquired, but fewer replicas confirmed than asked for
 
@@ -172,7 +169,6 @@ class _Wait:
             self.lock._held(value, count, self.sent_at, self.id)
             self.unreplicated = count == 1 and self.acked < self.lock.replicas
             return None
-        self.seen = max(self.seen, count)
         left = math.inf if value == -1 else max(value, 0) / 1000
         return min(left, settings.LOCK_CLAIM_WINDOW)
 
@@ -184,24 +180,7 @@ class _Wait:
             # In this wait's own inbox: a hand-off to an earlier wait of this thread, long
             # settled. On the lock's channel: a claim for another wait.
             return False if self.inbox else int(rest[2]) / 1000
-        if word == "granted" and len(rest) == 3:
-            token, window = int(rest[1]), int(rest[2]) / 1000
-            if self.holds_on_reading(token, window):
-                self.lock._held_claim(token, self.sent_at + window, self.id)
-                self.granted = True
-                return True
         return None
-
-    def holds_on_reading(self, token: int, window: float) -> bool:
-        """Whether the grant just read (of ``token``, a claim of ``window`` seconds) makes this
-        wait the holder now, before it confirms. The claim was made after this wait's last try
-        was answered (its token is larger than any that try saw; a grant made before it, which
-        that try did not find, has run out since), so after that try was sent: it lasts until
-        at least that send plus the window, on this clock, however long the message took.
-        Taken only with half that window still ahead (else the confirmation might arrive late:
-        the caller confirms first, awaiting the reply), and never when replicas must confirm."""
-        return (token > self.seen and not self.lock.replicas
-                and time.monotonic() < self.sent_at + window / 2)
 
     def withdraw(self, mode: str) -> tuple[list[str], list[str | int]]:
         """Leave the queue; a hand-off made to this wait meanwhile is taken or given on."""
@@ -281,41 +260,6 @@ class Lock:
             self._reentries.append(wait_id)
         self._depth = depth
         self._lease.deadline = sent_at + self.timeout
-
-    def _held_claim(self, token: int, deadline: float, wait_id: str) -> None:
-        """A grant read in time (see :meth:`_Wait.holds_on_reading`): held until ``deadline``
-        (the claim's end at the earliest), until the confirmation's reply says more."""
-        self._held(token, 1, deadline - self.timeout, wait_id)
-
-    def _confirming(self, wait: _Wait) -> Protocol[None]:
-        """Send the confirmation a grant read in time owes, without waiting for its reply: it
-        is read before any later call on the lease (or by ``lost``), and then the lease runs
-        from this send; a reply saying the lock is not this wait's (the claim ran out before it
-        arrived) makes the lock lost."""
-        # The acquire script, which this wait's tries just ran there (a script cache flushed
-        # since would answer NOSCRIPT: the reply, read later, sends it again then).
-        script = get_script(ACQUIRE)
-        keys, args = wait.attempt(queued=False)
-        args[5] = -1  # confirm only
-        token, sent_at = self.token, time.monotonic()
-        try:
-            posted = yield Post(Call(script, script.command(keys, args)))
-        except BaseException:
-            self._depth = 0  # given back by the caller's withdrawal
-            raise
-
-        def settled(reply: Any) -> None:
-            if reply is None or self.token != token or self._depth == 0:
-                return  # unknown outcome (the claim's end stands), or a later hold's business
-            confirmed, got, _count = (int(x) for x in reply)
-            if confirmed and got == token:
-                self._lease.deadline = max(self._lease.deadline, sent_at + self.timeout)
-                return
-            if not self._lost:
-                metrics.lock_lost()
-            self._lost = True
-
-        self._lease.pending = (posted, settled)
 
     def _release_call(self, mode: str, token: int | None = None, hold: str = ""
                       ) -> tuple[list[str], list[str | int]]:
@@ -413,15 +357,12 @@ class Lock:
         blocking = self.blocking if blocking is None else blocking
         limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
         wait = _Wait(self, limit)
-        yield from self._lease.settling()  # a re-entry: the first hold is confirmed first
         try:
             held = (yield from self._attempt(wait, False)) is None or (blocking and (
                 (yield from until(Inbox(self.keys.channel, inbox_prefix()),
                                   lambda: self._attempt(wait, True), limit, wait.on_message,
                                   wait.on_inbox))
                 or (yield from self._withdrawing(wait, "take"))))
-            if held and wait.granted:
-                yield from self._confirming(wait)
         except BaseException as exc:
             yield from undone(exc, self._giving_back(wait), f"redislua-withdraw:{self.name}")
             raise
@@ -441,7 +382,6 @@ class Lock:
         it than asked): then the caller never had it, and nothing was lost. Interrupted (a
         cancellation) before the reply came, the same release is sent again: by owner, token
         and hold, a second one changes nothing."""
-        yield from self._lease.settling()
         hold = self._reentries.pop() if self.reentrant and self._reentries else ""
         keys, args = self._release_call("one" if self.reentrant else "all", self.token, hold)
         script = get_script(RELEASE)
@@ -478,7 +418,6 @@ class Lock:
         return bool((yield Execute(("EXISTS", self.keys.base))))
 
     def _owned(self) -> Protocol[bool]:
-        yield from self._lease.settling()
         owner, claim = yield Execute(("HMGET", self.keys.base, "owner", "claim"))
         return owner is not None and claim is None and _text(owner) == self.owner
 

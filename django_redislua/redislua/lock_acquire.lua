@@ -10,8 +10,7 @@
 -- ARGV[4]  "1": the owner may re-enter (reentrant mode); "0": a second acquire by the owner waits.
 -- ARGV[5]  the lock's name as the application wrote it (shown by the admin and redislua_locks).
 -- ARGV[6]  milliseconds the caller stays queued while the lock is held (0: a first try, not
---          subscribed yet, so not queued; -1: only confirm a hand-off made to this wait, sent
---          by a heir that holds the lock already, see lock.py, and does not wait for this reply).
+--          subscribed yet, so not queued).
 -- ARGV[7]  the wake-up channel (a PUBLISH target, not a key).
 -- ARGV[8]  the claim window in milliseconds (how long a heir has to confirm a hand-off).
 -- ARGV[9]  the inbox prefix: a waiter's inbox channel is this followed by its inbox token.
@@ -20,9 +19,7 @@
 -- A re-entry adds the field "e:<wait id>" (see below); the hash is bounded by the re-entries held.
 --
 -- Returns {1, fencing token, re-entry count} when acquired, re-entered or confirmed;
--- {0, milliseconds until the lock may change hands (lease or claim left; -1: no expiry),
--- the lock's fencing token now (0: none)}: a grant to this wait carrying a token no larger was
--- made before this call and has run out since (see lock.py).
+-- {0, milliseconds until the lock may change hands (lease or claim left; -1: no expiry), 0}.
 
 --#include lib/lock_queue.lua
 
@@ -36,16 +33,6 @@ if withdrawn(wait) then
 end
 local now = now_us()
 local state = redis.call('HMGET', KEYS[1], 'owner', 'wait', 'count', 'token', 'claim')
-if stay < 0 then
-  if state[1] ~= owner or state[2] ~= wait then
-    return {0, 0, 0}  -- the claim ran out first (or was given on, or force-released)
-  end
-  if state[5] then
-    redis.call('HDEL', KEYS[1], 'claim')
-    redis.call('PEXPIRE', KEYS[1], lease)
-  end
-  return {1, tonumber(state[4]), tonumber(state[3])}
-end
 
 if not state[1] then
   -- Free. A queued waiter coming back takes it (it is alive: it is asking). A caller that is not
@@ -83,4 +70,4 @@ end
 if stay > 0 then
   enqueue(now, member, stay)
 end
-return {0, redis.call('PTTL', KEYS[1]), tonumber(state[4] or '0')}
+return {0, redis.call('PTTL', KEYS[1]), 0}
