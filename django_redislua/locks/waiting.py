@@ -3,7 +3,8 @@ tries again, and sleeps until a ``released`` message arrives or until the curren
 expire (whichever is first), bounded by its own deadline. There is no fixed-interval poll: a
 waiter wakes when the state it waits on may have changed, and at no other time (except where
 the transport cannot subscribe: redis-py before 8.0 on an asyncio cluster polls, see
-``transport.POLL_INTERVAL``).
+``transport.POLL_INTERVAL``; and a lock's queued waiter, which hears only the hand-offs made to
+itself, looks again at least once per claim window: see ``lock._Wait.took``).
 
 The subscription is confirmed by the server before the retry, so a release between the failed
 try and the subscription cannot be missed. The sync transport keeps a thread's pub/sub
