@@ -183,6 +183,29 @@ def test_a_thread_keeps_its_inbox_from_one_wait_to_the_next(where: str) -> None:
     assert results == [True, True]
 
 
+def test_a_stale_grant_in_a_kept_inbox_wakes_nobody(where: str) -> None:
+    from django_redislua.transport import get_transport
+
+    holder = Lock("stale-grant", timeout=30)
+    assert holder.acquire()
+    assert not Lock("stale-grant", timeout=30).acquire(blocking_timeout=0.05)  # inbox kept now
+    inbox = get_transport()._local.inbox.channel
+    # A grant to an earlier wait of this thread, never read (its wait had ended): still queued
+    # in the inbox when the thread waits again.
+    get_client().publish(inbox, f"granted {'0' * 16} 1 {int(WINDOW * 1000)}")
+    recorder = CommandRecorder(get_client()) if where == "single" else None
+    if recorder:
+        recorder.__enter__()
+    assert not Lock("stale-grant", timeout=30).acquire(blocking_timeout=WINDOW * 0.8)
+    if recorder:
+        recorder.__exit__(None, None, None)
+        # The first try, the queued try, the try at the deadline, the withdrawal: the stale
+        # grant caused no try.
+        assert recorder.commands.count("EVALSHA") == 4
+    assert queued(holder) == 0
+    holder.release()
+
+
 def test_dead_waiters_queued_ahead_cost_one_claim_window_in_all(where: str) -> None:
     holder = Lock("dead2", timeout=20)
     assert holder.acquire()
