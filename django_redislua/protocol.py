@@ -132,10 +132,11 @@ class Listen:
 @dataclass(frozen=True, slots=True)
 class Inbox:
     """A channel of the caller's own to be woken on (a lock's hand-off names it), subscribed:
-    on a thread, ``<prefix><token>`` kept from one wait to the next (no SUBSCRIBE, no
-    UNSUBSCRIBE after the first wait); where a transport keeps none, ``channel`` (the
-    primitive's own) for this wait alone, token "". Produces a :class:`Mailbox`; every protocol
-    that takes one gives it back with :class:`Unsubscribe` in ``finally`` (a kept inbox stays)."""
+    ``<prefix><token>``, on a thread kept from one wait to the next (no SUBSCRIBE, no
+    UNSUBSCRIBE after the first wait), on asyncio for this wait alone (subscribed together with
+    ``channel``, the primitive's own); where a transport cannot subscribe (it polls),
+    ``channel``, token "". Produces a :class:`Mailbox`; every protocol that takes one gives it
+    back with :class:`Unsubscribe` in ``finally`` (a kept inbox stays)."""
 
     channel: str
     prefix: str

@@ -574,8 +574,15 @@ class AsyncTransport:
         return pubsub
 
     async def inbox(self, op: Inbox) -> Mailbox:
-        """No kept inbox here: the primitive's own channel, for this wait alone."""
-        return Mailbox((await self.subscribe(Subscribe(op.channel))), op.channel, "", False)
+        """An inbox for this wait alone (no kept one: a pub/sub connection per wait), in one
+        ``SUBSCRIBE`` with the primitive's own channel, so the wait is counted among the
+        channel's subscribers (``PUBSUB NUMSUB``) like any other; only the inbox is listened
+        to."""
+        token = secrets.token_hex(16)
+        channel = f"{op.prefix}{token}"
+        pubsub = self.client.pubsub()
+        await pubsub.subscribe(op.channel, channel)
+        return Mailbox(pubsub, channel, token, False)
 
     @staticmethod
     def listen(op: Listen) -> Any:

@@ -150,6 +150,30 @@ def test_a_hand_off_wakes_only_its_heir(where: str) -> None:
     second.lock.release()
 
 
+async def test_async_a_hand_off_wakes_only_its_heir(where: str) -> None:
+    holder = Lock("aonly", timeout=30)
+    assert await holder.aacquire()
+    first, second = Lock("aonly", timeout=30), Lock("aonly", timeout=30)
+    first_task = asyncio.ensure_future(first.aacquire())
+    await auntil(lambda: queued(holder) >= 1)
+    second_task = asyncio.ensure_future(second.aacquire(blocking_timeout=10))
+    await auntil(lambda: queued(holder) >= 2)
+    recorder = CommandRecorder(get_client()) if where == "single" else None
+    if recorder:
+        recorder.__enter__()
+    await holder.arelease()
+    assert await asyncio.wait_for(first_task, 5)
+    if recorder:
+        recorder.__exit__(None, None, None)
+        published = [str(e["command"]) for e in recorder.entries
+                     if str(e["command"]).upper().startswith("PUBLISH")]
+        assert len(published) == 1 and "rl:inbox:" in published[0]
+    assert not second_task.done() and queued(holder) == 1
+    await first.arelease()
+    assert await asyncio.wait_for(second_task, 5)
+    await second.arelease()
+
+
 def test_a_thread_keeps_its_inbox_from_one_wait_to_the_next(where: str) -> None:
     holder, lock = Lock("kept", timeout=30), Lock("kept", timeout=30)
     client = get_client()

@@ -6,8 +6,8 @@ may release it, and nobody else can. Fencing tokens come from ``max(last token +
 in microseconds)``: strictly increasing for a name even after Redis lost its data.
 
 Waiting is first come, first served. Every acquire call is a *wait* with its own id; a waiter
-subscribes to its inbox (a thread's own channel, kept from wait to wait; an asyncio wait's is
-the lock's channel, see ``waiting``), then queues itself by arrival, naming the inbox. A full
+subscribes to its inbox (a thread's own channel, kept from wait to wait; an asyncio wait's own,
+for that wait; see ``waiting``), then queues itself by arrival, naming the inbox. A full
 release offers the lock to the first live waiter as a *claim*: the lock hash names that wait and
 expires after the claim window (``LOCK_CLAIM_WINDOW``, 1 s), and ``granted <wait> <token>
 <window ms>`` is published to that waiter's inbox alone. The heir confirms with one more call
