@@ -173,8 +173,10 @@ class _Wait:
         return min(left, settings.LOCK_CLAIM_WINDOW)
 
     def on_message(self, data: str) -> bool | float | None:
-        """None: try now (the lock was freed, or handed to this wait: confirm it). Seconds: it
-        was handed to another wait; sleep at most until that claim would run out unconfirmed."""
+        """None: try now (the lock was freed, or handed to this wait: confirm it). False: a
+        grant in this wait's inbox to an earlier wait of the same inbox, nothing to do. Seconds
+        (on the lock's channel, where a transport polls): it was handed to another wait; sleep
+        at most until that claim would run out unconfirmed."""
         word, *rest = data.split(" ")
         if word == "granted" and len(rest) == 3 and rest[0] != self.id:
             # In this wait's own inbox: a hand-off to an earlier wait of this thread, long
