@@ -130,6 +130,31 @@ class Listen:
 
 
 @dataclass(frozen=True, slots=True)
+class Inbox:
+    """A channel of the caller's own to be woken on (a lock's hand-off names it), subscribed:
+    ``<prefix><token>``, on a thread kept from one wait to the next (no SUBSCRIBE, no
+    UNSUBSCRIBE after the first wait), on asyncio for this wait alone (subscribed together with
+    ``channel``, the primitive's own); where a transport cannot subscribe (it polls),
+    ``channel``, token "". Produces a :class:`Mailbox`; every protocol that takes one gives it
+    back with :class:`Unsubscribe` in ``finally`` (a kept inbox stays)."""
+
+    channel: str
+    prefix: str
+
+
+@dataclass(frozen=True, slots=True)
+class Mailbox:
+    """What :class:`Inbox` produces: the subscription to :class:`Listen` to, the channel its
+    messages come on, the token a hand-off script turns into that channel ("" for the
+    primitive's channel), and whether the subscription is confirmed already (kept)."""
+
+    subscription: Any
+    channel: str
+    token: str
+    confirmed: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Unsubscribe:
     subscription: Any
     channel: str
@@ -164,8 +189,8 @@ class Join:
     spawned: Any
 
 
-Operation = (Call | Send | Load | Refresh | Clustered | Execute | Pause | Subscribe | Listen
-             | Unsubscribe | Invoke | Spawn | Join)
+Operation = (Call | Send | Load | Refresh | Clustered | Execute | Pause | Subscribe | Inbox
+             | Listen | Unsubscribe | Invoke | Spawn | Join)
 Protocol = Generator[Operation, Any, T]
 
 

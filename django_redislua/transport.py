@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import secrets
 import threading
 import time
 import weakref
@@ -67,10 +68,12 @@ from django_redislua.protocol import (
     Clustered,
     Command,
     Execute,
+    Inbox,
     Invoke,
     Join,
     Listen,
     Load,
+    Mailbox,
     Pause,
     Protocol,
     Refresh,
@@ -215,7 +218,7 @@ class Transport:
             Call: self.perform_call, Send: self.send, Load: self.load, Refresh: self.refresh,
             Clustered: self.clustered, Execute: self.execute, Pause: self.pause,
             Subscribe: self.subscribe, Listen: self.listen, Unsubscribe: self.unsubscribe,
-            Invoke: self.invoke, Spawn: self.spawn, Join: self.join,
+            Inbox: self.inbox, Invoke: self.invoke, Spawn: self.spawn, Join: self.join,
         }
         self._local = threading.local()
 
@@ -263,6 +266,22 @@ class Transport:
             raise
         return pubsub
 
+    def inbox(self, op: Inbox) -> Mailbox:
+        """This thread's inbox: ``<prefix><random token>``, subscribed on the thread's pub/sub
+        connection at its first wait and kept (only hand-offs to this thread's own waits are
+        published to it, so nothing piles up between waits)."""
+        box: Mailbox | None = getattr(self._local, "inbox", None)
+        if (box is not None and box.channel.startswith(op.prefix)
+                and box.subscription is getattr(self._local, "pubsub", None)):
+            return box
+        token = secrets.token_hex(16)
+        channel = f"{op.prefix}{token}"
+        subscribed = self.subscribe(Subscribe(channel))
+        self._local.inbox = box = Mailbox(subscribed, channel, token, confirmed=False)
+        # Confirmed by the first wait (it reads the confirmation); later waits need not.
+        self._local.inbox_next = Mailbox(subscribed, channel, token, confirmed=True)
+        return box
+
     def listen(self, op: Listen) -> Any:
         try:
             return op.subscription.get_message(timeout=op.timeout)
@@ -274,6 +293,10 @@ class Transport:
         pubsub = getattr(self._local, "pubsub", None)
         if pubsub is None or op.subscription is not pubsub:
             return  # dropped already (a read was interrupted): nothing to unsubscribe
+        box: Mailbox | None = getattr(self._local, "inbox", None)
+        if box is not None and op.channel == box.channel:
+            self._local.inbox = self._local.inbox_next  # kept, confirmed now
+            return
         try:
             # The confirmation is read, and skipped, by this thread's next wait.
             pubsub.unsubscribe(op.channel)
@@ -284,7 +307,7 @@ class Transport:
     def drop_subscriber(self) -> None:
         """Close this thread's kept pub/sub connection (a thread about to end may call it)."""
         pubsub = getattr(self._local, "pubsub", None)
-        self._local.pubsub = None
+        self._local.pubsub = self._local.inbox = self._local.inbox_next = None
         if pubsub is not None:
             with contextlib.suppress(redis.RedisError, OSError):
                 pubsub.close()
@@ -513,7 +536,7 @@ class AsyncTransport:
             Call: self.perform_call, Send: self.send, Load: self.load, Refresh: self.refresh,
             Clustered: self.clustered, Execute: self.execute, Pause: self.pause,
             Subscribe: self.subscribe, Listen: self.listen, Unsubscribe: self.unsubscribe,
-            Invoke: self.invoke, Spawn: self.spawn, Join: self.join,
+            Inbox: self.inbox, Invoke: self.invoke, Spawn: self.spawn, Join: self.join,
         }
 
     def perform(self, operation: Any) -> Any:
@@ -549,6 +572,17 @@ class AsyncTransport:
         pubsub = self.client.pubsub()
         await pubsub.subscribe(op.channel)
         return pubsub
+
+    async def inbox(self, op: Inbox) -> Mailbox:
+        """An inbox for this wait alone (no kept one: a pub/sub connection per wait), in one
+        ``SUBSCRIBE`` with the primitive's own channel, so the wait is counted among the
+        channel's subscribers (``PUBSUB NUMSUB``) like any other; only the inbox is listened
+        to."""
+        token = secrets.token_hex(16)
+        channel = f"{op.prefix}{token}"
+        pubsub = self.client.pubsub()
+        await pubsub.subscribe(op.channel, channel)
+        return Mailbox(pubsub, channel, token, False)
 
     @staticmethod
     def listen(op: Listen) -> Any:
@@ -642,7 +676,7 @@ class AsyncClusterTransport(AsyncTransport):
         self.client = cluster
         if not ASYNC_CLUSTER_PUBSUB:
             self.operations.update({Subscribe: self.poll, Listen: self.polled,
-                                    Unsubscribe: self.unpolled})
+                                    Unsubscribe: self.unpolled, Inbox: self.poll_inbox})
 
     async def send(self, op: Send) -> Replies:
         await self.client.initialize()  # a new client discovers the cluster before routing
@@ -699,6 +733,10 @@ class AsyncClusterTransport(AsyncTransport):
         return asyncio.sleep(0, Polling(op.channel))
 
     @staticmethod
+    def poll_inbox(op: Inbox) -> Any:
+        return asyncio.sleep(0, Mailbox(Polling(op.channel), op.channel, "", False))
+
+    @staticmethod
     def polled(op: Listen) -> Any:
         return op.subscription.listen(op.timeout)
 
@@ -733,7 +771,7 @@ class ThrowawayLoopTransport(AsyncTransport):
         super().__init__()
         self.client = sync.client
         self.sync = sync
-        for kind in (Call, Send, Load, Refresh, Clustered, Execute, Subscribe, Listen,
+        for kind in (Call, Send, Load, Refresh, Clustered, Execute, Subscribe, Inbox, Listen,
                      Unsubscribe):
             self.operations[kind] = self.inline
 
@@ -822,7 +860,8 @@ class AsyncUnbuilt(AsyncTransport):
         return get_async_transport().call(script, command)
 
 
-REDIS_OPERATIONS = frozenset({Call, Send, Load, Refresh, Clustered, Execute, Subscribe, Listen,
+REDIS_OPERATIONS = frozenset({Call, Send, Load, Refresh, Clustered, Execute, Subscribe, Inbox,
+                              Listen,
                               Unsubscribe})
 _UNBUILT = Unbuilt()
 

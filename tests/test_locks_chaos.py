@@ -130,7 +130,8 @@ def _worker(ident: str, logdir: str, seed: int) -> None:
     current = {"wid": ""}
     original_until = lock_module.until
 
-    def until(channel: str, attempt: Any, timeout: float | None, on_message: Any = None) -> Any:
+    def until(channel: Any, attempt: Any, timeout: float | None, on_message: Any = None,
+              *rest: Any) -> Any:
         """Log when the wait is first known to be queued: its first queued try came back
         without the lock (the acquire script queued it before replying)."""
         first = [True]
@@ -142,7 +143,7 @@ def _worker(ident: str, logdir: str, seed: int) -> None:
                 log.write("Q", current["wid"], now())
             return result
 
-        return original_until(channel, logged_attempt, timeout, on_message)
+        return original_until(channel, logged_attempt, timeout, on_message, *rest)
 
     lock_module.until = until  # type: ignore[assignment]
     rng = random.Random(seed)

@@ -114,6 +114,138 @@ def test_a_release_offers_the_lock_and_the_heir_confirms_with_one_call(where: st
     assert not heir.locked()
 
 
+def inboxes() -> int:
+    """Inbox channels subscribed on every primary (PUBSUB CHANNELS asks one node)."""
+    from django_redislua.connection import primary_nodes
+
+    return sum(len(node.pubsub_channels("rl:inbox:*")) for _, node in primary_nodes())
+
+
+def test_a_hand_off_wakes_only_its_heir(where: str) -> None:
+    holder = Lock("only", timeout=30)
+    assert holder.acquire()
+    first = queue_behind(holder, Waiter(Lock("only", timeout=30), hold=None), 1)
+    second = queue_behind(holder, Waiter(Lock("only", timeout=30), hold=None,
+                                         blocking_timeout=10), 2)
+    client = get_client()
+    # Nobody listens on the lock's channel: each waiting thread has an inbox of its own.
+    assert sum(int(n) for _, n in client.pubsub_numsub(holder.keys.channel)) == 0
+    until(lambda: inboxes() >= 2, what="both inboxes")
+    recorder = CommandRecorder(client) if where == "single" else None
+    if recorder:
+        recorder.__enter__()
+    holder.release()
+    first.join(5)
+    if recorder:
+        recorder.__exit__(None, None, None)
+        published = [str(e["command"]) for e in recorder.entries
+                     if str(e["command"]).upper().startswith("PUBLISH")]
+        # One message, to the heir's inbox: the second waiter is not woken (it looks again
+        # only when its claim-window timer fires).
+        assert len(published) == 1 and "rl:inbox:" in published[0]
+    assert first.acquired and second.is_alive() and queued(holder) == 1
+    first.lock.release()
+    second.join(5)
+    assert second.acquired
+    second.lock.release()
+
+
+async def test_async_a_hand_off_wakes_only_its_heir(where: str) -> None:
+    holder = Lock("aonly", timeout=30)
+    assert await holder.aacquire()
+    first, second = Lock("aonly", timeout=30), Lock("aonly", timeout=30)
+    first_task = asyncio.ensure_future(first.aacquire())
+    await auntil(lambda: queued(holder) >= 1)
+    second_task = asyncio.ensure_future(second.aacquire(blocking_timeout=10))
+    await auntil(lambda: queued(holder) >= 2)
+    recorder = CommandRecorder(get_client()) if where == "single" else None
+    if recorder:
+        recorder.__enter__()
+    await holder.arelease()
+    assert await asyncio.wait_for(first_task, 5)
+    if recorder:
+        recorder.__exit__(None, None, None)
+        published = [str(e["command"]) for e in recorder.entries
+                     if str(e["command"]).upper().startswith("PUBLISH")]
+        assert len(published) == 1 and "rl:inbox:" in published[0]
+    assert not second_task.done() and queued(holder) == 1
+    await first.arelease()
+    assert await asyncio.wait_for(second_task, 5)
+    await second.arelease()
+
+
+def test_a_thread_keeps_its_inbox_from_one_wait_to_the_next(where: str) -> None:
+    holder, lock = Lock("kept", timeout=30), Lock("kept", timeout=30)
+    client = get_client()
+    recorder = CommandRecorder(client) if where == "single" else None
+    results: list[bool] = []
+    release_next = threading.Event()
+
+    def waits_twice() -> None:
+        for _ in range(2):
+            results.append(lock.acquire(blocking_timeout=5))
+            lock.release()
+            release_next.wait(5)
+
+    assert holder.acquire()
+    if recorder:
+        recorder.__enter__()
+    thread = threading.Thread(target=waits_twice, daemon=True)
+    thread.start()
+    until(lambda: queued(holder) == 1, what="the first wait")
+    holder.release()
+    until(lambda: len(results) == 1, what="the first acquisition")
+    assert holder.acquire()
+    release_next.set()
+    until(lambda: queued(holder) == 1, what="the second wait")
+    holder.release()
+    thread.join(5)
+    if recorder:
+        recorder.__exit__(None, None, None)
+        assert recorder.commands.count("SUBSCRIBE") == 1
+        assert "UNSUBSCRIBE" not in recorder.commands
+    assert results == [True, True]
+
+
+def test_a_stale_grant_in_a_kept_inbox_wakes_nobody(where: str) -> None:
+    from django_redislua.transport import get_transport
+
+    holder = Lock("stale-grant", timeout=30)
+    assert holder.acquire()
+    assert not Lock("stale-grant", timeout=30).acquire(blocking_timeout=0.05)  # inbox kept now
+    inbox = get_transport()._local.inbox.channel
+    # A grant to an earlier wait of this thread, never read (its wait had ended): still queued
+    # in the inbox when the thread waits again.
+    get_client().publish(inbox, f"granted {'0' * 16} 1 {int(WINDOW * 1000)}")
+    recorder = CommandRecorder(get_client()) if where == "single" else None
+    if recorder:
+        recorder.__enter__()
+    assert not Lock("stale-grant", timeout=30).acquire(blocking_timeout=WINDOW * 0.8)
+    if recorder:
+        recorder.__exit__(None, None, None)
+        # The first try, the queued try, the try at the deadline, the withdrawal: the stale
+        # grant caused no try.
+        assert recorder.commands.count("EVALSHA") == 4
+    assert queued(holder) == 0
+    holder.release()
+
+
+def test_dead_waiters_queued_ahead_cost_one_claim_window_in_all(where: str) -> None:
+    holder = Lock("dead2", timeout=20)
+    assert holder.acquire()
+    park(Lock("dead2", timeout=20))  # the heir: never confirms
+    park(Lock("dead2", timeout=20))  # next in line: never comes back either
+    live = queue_behind(holder, Waiter(Lock("dead2", timeout=20), hold=None), 3)
+    released_at = time.monotonic()
+    holder.release()
+    live.join(5)
+    # Nobody but the heir is told of a hand-off: the live waiter looks again every claim
+    # window, so it finds the heir's claim, and takes the lock when it runs out.
+    assert live.acquired and WINDOW - 0.05 < live.at - released_at < WINDOW + 0.1
+    assert live.lock.owned()
+    live.lock.release()
+
+
 def test_waiters_are_served_in_arrival_order_whatever_their_timeouts(where: str) -> None:
     holder = Lock("fifo", timeout=30)
     assert holder.acquire()

@@ -13,7 +13,7 @@ from redis.cluster import RedisCluster
 
 from django_redislua.conf import settings
 from django_redislua.connection import get_client, primary_nodes
-from django_redislua.locks.keys import keys_for, scan_pattern
+from django_redislua.locks.keys import inbox_prefix, keys_for, scan_pattern
 from django_redislua.locks.lease import milliseconds
 from django_redislua.scripts import get_script
 
@@ -30,7 +30,9 @@ class LockInfo:
     ttl: float | None  # seconds of lease left; None when the lock has no expiry
     fencing_token: int | None
     reentry_count: int
-    waiters: int  # callers blocked waiting for it (subscribers of its wake-up channel)
+    # callers waiting for it: those queued (a waiter that died stays queued until its next
+    # retry was due), or the subscribers of its wake-up channel when more (async waiters)
+    waiters: int
 
 
 def _text(value: bytes | str | None) -> str:
@@ -54,13 +56,15 @@ def _read(node: redis.Redis, keys: list[str]) -> list[LockInfo]:
     for key in keys:
         pipe.hmget(key, list(_FIELDS))
         pipe.pttl(key)
+        pipe.zcard(f"{key}:queue")
     pipe.pubsub_numsub(*channels)
     replies = pipe.execute()
     waiting = {_text(channel): int(count) for channel, count in replies[-1]}
     found = []
     for index, key in enumerate(keys):
-        owner, token, count, name = replies[2 * index]
-        pttl = int(replies[2 * index + 1])
+        owner, token, count, name = replies[3 * index]
+        pttl = int(replies[3 * index + 1])
+        queued = int(replies[3 * index + 2])
         if owner is None or pttl == -2:  # released between SCAN and the read
             continue
         found.append(LockInfo(
@@ -69,7 +73,7 @@ def _read(node: redis.Redis, keys: list[str]) -> list[LockInfo]:
             ttl=None if pttl < 0 else pttl / 1000,
             fencing_token=None if token is None else int(token),
             reentry_count=int(count or 0),
-            waiters=waiting.get(channels[index], 0),
+            waiters=max(queued, waiting.get(channels[index], 0)),
         ))
     return found
 
@@ -114,4 +118,5 @@ def force_release(name: str) -> bool:
     script = get_script("django_redislua.lock_force_release")
     window_ms = milliseconds(settings.LOCK_CLAIM_WINDOW)
     return bool(script(keys=[keys.base, keys.sub("fence"), keys.sub("queue"), keys.sub("stale")],
-                       args=[keys.channel, name, window_ms], client=get_client()))
+                       args=[keys.channel, name, window_ms, inbox_prefix()],
+                       client=get_client()))

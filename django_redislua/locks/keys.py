@@ -8,6 +8,7 @@ key starts with ``REDISLUA["KEY_PREFIX"]``::
     rl:lock:{report:daily}:fence      fencing counter (never expires)
     rl:lock:{report:daily}:queue      waiters a release may hand the lock to (sorted set)
     rl:lock:{report:daily}:released   pub/sub channel (not a key) that wakes waiters
+    rl:inbox:<token>                  a waiting thread's own channel (not a key): hand-offs
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def keys_for(kind: str, name: str) -> Keys:
     """Keys of the primitive ``kind`` ("lock", "sem", "once", "flight") called ``name``."""
     base = f"{settings.KEY_PREFIX}:{kind}:{{{bound_identity(name)}}}"
     return Keys(base=base, channel=f"{base}:released")
+
+
+def inbox_prefix() -> str:
+    """The start of every waiter's inbox channel (``<prefix>:inbox:<token>``, not a key): a
+    lock's hand-off is published to its heir's inbox alone (see ``transport.Inbox``)."""
+    return f"{settings.KEY_PREFIX}:inbox:"
 
 
 def scan_pattern(kind: str, name_glob: str = "*") -> str:

@@ -6,12 +6,14 @@ may release it, and nobody else can. Fencing tokens come from ``max(last token +
 in microseconds)``: strictly increasing for a name even after Redis lost its data.
 
 Waiting is first come, first served. Every acquire call is a *wait* with its own id; a waiter
-subscribes to the lock's channel (see ``waiting``), then queues itself by arrival. A full release
-offers the lock to the first live waiter as a *claim*: the lock hash names that wait and expires
-after the claim window (``LOCK_CLAIM_WINDOW``, 1 s), and ``granted <wait> <token> <window ms>``
-is published. The heir confirms with one more call (its lease starts then); a heir that died, is
-stopped or left never confirms, and when the window runs out the other waiters, woken by their
-timers, retry and the first one back takes the lock. A grant belongs to one wait, never to the
+subscribes to its inbox (a thread's own channel, kept from wait to wait; an asyncio wait's own,
+for that wait; see ``waiting``), then queues itself by arrival, naming the inbox. A full
+release offers the lock to the first live waiter as a *claim*: the lock hash names that wait and
+expires after the claim window (``LOCK_CLAIM_WINDOW``, 1 s), and ``granted <wait> <token>
+<window ms>`` is published to that waiter's inbox alone. The heir confirms with one more call
+(its lease starts then); a heir that died, is stopped or left never confirms. Every queued
+waiter looks again at least once per claim window, so when the claim runs out the first one
+back takes the lock. A grant belongs to one wait, never to the
 Lock object, so no other acquire can use it.
 
 Every step (acquire, wait, confirm, re-entry, withdraw, release, extend, renew) is a protocol
@@ -41,7 +43,7 @@ from django_redislua import metrics
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.limiting.rates import parse_duration
-from django_redislua.locks.keys import keys_for
+from django_redislua.locks.keys import inbox_prefix, keys_for
 from django_redislua.locks.lease import (
     Lease,
     milliseconds,
@@ -52,7 +54,9 @@ from django_redislua.locks.waiting import LONGEST_SLEEP, until
 from django_redislua.protocol import (
     Call,
     Execute,
+    Inbox,
     Invoke,
+    Mailbox,
     Protocol,
     call_replicated,
     interrupted,
@@ -132,6 +136,7 @@ class _Wait:
         self.id = secrets.token_hex(8)
         self.deadline = None if limit is None else time.monotonic() + limit
         self.sent_at = 0.0
+        self.inbox = ""  # the token of the inbox a hand-off to this wait is published to
         self.acked = 0  # replicas that confirmed the last call (with Lock(replicas=N))
         self.unreplicated = False  # acquired, but fewer replicas confirmed than asked for
 
@@ -148,24 +153,35 @@ class _Wait:
         self.sent_at = time.monotonic()
         return lock._keys4, [lock.owner, self.id, lock._lease_ms, "1" if lock.reentrant else "0",
                              lock.name, self._stay_ms() if queued else 0, lock.keys.channel,
-                             lock._window_ms()]
+                             lock._window_ms(), inbox_prefix(), self.inbox]
+
+    def on_inbox(self, box: Mailbox) -> None:
+        self.inbox = box.token
 
     def took(self, reply: Reply) -> float | None:
-        """None when acquired (the Lock records it), else seconds until the lock may change
-        hands on its own (a lease or a claim running out; math.inf: only a message will tell)."""
+        """None when acquired (the Lock records it), else seconds until the next try: when the
+        lock may change hands on its own (a lease or a claim running out), and at the latest
+        after a claim window. A hand-off wakes only its heir, so a queued waiter looks again
+        every claim window: a claim to a heir that died runs out within one, and the first
+        waiter back then takes the lock."""
         acquired, value, count = (int(x) for x in reply)
         if acquired:
             self.lock._held(value, count, self.sent_at, self.id)
             self.unreplicated = count == 1 and self.acked < self.lock.replicas
             return None
-        return math.inf if value == -1 else max(value, 0) / 1000
+        left = math.inf if value == -1 else max(value, 0) / 1000
+        return min(left, settings.LOCK_CLAIM_WINDOW)
 
     def on_message(self, data: str) -> bool | float | None:
-        """None: try now (the lock was freed, or handed to this wait: confirm it). Seconds: it
-        was handed to another wait; sleep at most until that claim would run out unconfirmed."""
+        """None: try now (the lock was freed, or handed to this wait: confirm it). False: a
+        grant in this wait's inbox to an earlier wait of the same inbox, nothing to do. Seconds
+        (on the lock's channel, where a transport polls): it was handed to another wait; sleep
+        at most until that claim would run out unconfirmed."""
         word, *rest = data.split(" ")
         if word == "granted" and len(rest) == 3 and rest[0] != self.id:
-            return int(rest[2]) / 1000
+            # In this wait's own inbox: a hand-off to an earlier wait of this thread, long
+            # settled. On the lock's channel: a claim for another wait.
+            return False if self.inbox else int(rest[2]) / 1000
         return None
 
     def withdraw(self, mode: str) -> tuple[list[str], list[str | int]]:
@@ -173,7 +189,7 @@ class _Wait:
         lock = self.lock
         self.sent_at = time.monotonic()
         return lock._keys4, [lock.owner, self.id, lock._lease_ms, mode, lock.keys.channel,
-                             lock.name, lock._window_ms()]
+                             lock.name, lock._window_ms(), inbox_prefix(), self.inbox]
 
 
 class Lock:
@@ -250,7 +266,7 @@ class Lock:
     def _release_call(self, mode: str, token: int | None = None, hold: str = ""
                       ) -> tuple[list[str], list[str | int]]:
         return self._keys4, [self.owner, mode, self.keys.channel, self.name, self._window_ms(),
-                             "" if token is None else token, hold]
+                             "" if token is None else token, hold, inbox_prefix()]
 
     def _released(self, left: int, unconfirmed: bool = False) -> None:
         """Record a release's reply; raises when the lock was not ours any more, unless the
@@ -345,8 +361,9 @@ class Lock:
         wait = _Wait(self, limit)
         try:
             held = (yield from self._attempt(wait, False)) is None or (blocking and (
-                (yield from until(self.keys.channel, lambda: self._attempt(wait, True), limit,
-                                  wait.on_message))
+                (yield from until(Inbox(self.keys.channel, inbox_prefix()),
+                                  lambda: self._attempt(wait, True), limit, wait.on_message,
+                                  wait.on_inbox))
                 or (yield from self._withdrawing(wait, "take"))))
         except BaseException as exc:
             yield from undone(exc, self._giving_back(wait), f"redislua-withdraw:{self.name}")

@@ -3,12 +3,14 @@ tries again, and sleeps until a ``released`` message arrives or until the curren
 expire (whichever is first), bounded by its own deadline. There is no fixed-interval poll: a
 waiter wakes when the state it waits on may have changed, and at no other time (except where
 the transport cannot subscribe: redis-py before 8.0 on an asyncio cluster polls, see
-``transport.POLL_INTERVAL``).
+``transport.POLL_INTERVAL``; and a lock's queued waiter, which hears only the hand-offs made to
+itself, looks again at least once per claim window: see ``lock._Wait.took``).
 
 The subscription is confirmed by the server before the retry, so a release between the failed
 try and the subscription cannot be missed. The sync transport keeps a thread's pub/sub
 connection from one wait to the next (subscribing and unsubscribing per wait), so waiting costs
-no new connection.
+no new connection; a lock's waiter listens on the thread's *inbox* instead (``protocol.Inbox``),
+a channel of its own that stays subscribed, confirmed once for all its waits.
 
 A caller may read the messages itself (``on_message``): a lock's release offers the lock to one
 queued waiter and says so on the channel, so that waiter confirms at once and the others sleep
@@ -23,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django_redislua.protocol import Listen, Protocol, Subscribe, Unsubscribe
+from django_redislua.protocol import Inbox, Listen, Mailbox, Protocol, Subscribe, Unsubscribe
 
 # An attempt is a protocol returning None when it succeeded, else the seconds after which the
 # state changes on its own (a lease expiring); math.inf when only a message can change it.
@@ -78,18 +80,28 @@ def _verdict(message: Any, channel: str,
     return on_message(data.decode() if isinstance(data, bytes) else str(data))
 
 
-def until(channel: str, attempt: Attempt, timeout: float | None,
-          on_message: OnMessage | None = None) -> Protocol[bool]:
+def until(channel: str | Inbox, attempt: Attempt, timeout: float | None,
+          on_message: OnMessage | None = None,
+          on_inbox: Callable[[Mailbox], None] | None = None) -> Protocol[bool]:
     """Retry ``attempt`` on every wake-up until it succeeds (True) or ``timeout`` passes
-    (False). Subscribed for the whole wait; unsubscribed however it ends."""
+    (False). Subscribed for the whole wait (to ``channel``, or to the caller's own inbox, which
+    ``on_inbox`` is told before the first attempt); unsubscribed however it ends (a kept inbox
+    stays subscribed)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    subscription = yield Subscribe(channel)
+    if isinstance(channel, Inbox):
+        box: Mailbox = yield channel
+        subscription, channel, confirmed = box.subscription, box.channel, box.confirmed
+        if on_inbox is not None:
+            on_inbox(box)
+    else:
+        subscription, confirmed = (yield Subscribe(channel)), False
     try:
         confirm_by = time.monotonic() + _SUBSCRIBE_CONFIRM
         if deadline is not None:
             confirm_by = min(confirm_by, deadline)  # never past the caller's deadline
-        while not _is((yield Listen(subscription, max(confirm_by - time.monotonic(), 0))),
-                      "subscribe", channel):
+        while not confirmed and not _is(
+                (yield Listen(subscription, max(confirm_by - time.monotonic(), 0))),
+                "subscribe", channel):
             if time.monotonic() >= confirm_by:
                 break
         while True:

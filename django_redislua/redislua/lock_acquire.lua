@@ -13,6 +13,8 @@
 --          subscribed yet, so not queued).
 -- ARGV[7]  the wake-up channel (a PUBLISH target, not a key).
 -- ARGV[8]  the claim window in milliseconds (how long a heir has to confirm a hand-off).
+-- ARGV[9]  the inbox prefix: a waiter's inbox channel is this followed by its inbox token.
+-- ARGV[10] this wait's inbox token ("": a hand-off to it is published on ARGV[7]).
 --
 -- A re-entry adds the field "e:<wait id>" (see below); the hash is bounded by the re-entries held.
 --
@@ -23,7 +25,8 @@
 
 local owner, wait, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local stay, channel, window = tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
-local member = wait .. ':' .. owner .. ':' .. ARGV[3]
+local inboxes = ARGV[9] or ''
+local member = member_of(wait, owner, ARGV[3], ARGV[10])
 if withdrawn(wait) then
   -- This wait was withdrawn: its caller gave up on it, and nobody reads this reply.
   return {0, redis.call('PTTL', KEYS[1]), 0}
@@ -35,7 +38,7 @@ if not state[1] then
   -- Free. A queued waiter coming back takes it (it is alive: it is asking). A caller that is not
   -- queued must not overtake those that are: the first live one is offered the lock instead.
   local queued = stay > 0 and redis.call('ZSCORE', KEYS[3], member)
-  if queued or not hand_off(now, channel, ARGV[5], window) then
+  if queued or not hand_off(now, channel, ARGV[5], window, inboxes) then
     if queued then
       leave(member)
     end

@@ -7,6 +7,7 @@
 -- ARGV[1]  the wake-up channel (a PUBLISH target, not a key).
 -- ARGV[2]  the lock's name as the application wrote it.
 -- ARGV[3]  the claim window in milliseconds.
+-- ARGV[4]  the inbox prefix (see lib/lock_queue.lua: where a hand-off is published).
 --
 -- Returns 1 when a held lock was freed, 0 when it was not held.
 
@@ -15,5 +16,5 @@
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-free(now_us(), ARGV[1], ARGV[2], tonumber(ARGV[3]))
+free(now_us(), ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4])
 return 1

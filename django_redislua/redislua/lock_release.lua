@@ -14,8 +14,9 @@
 -- ARGV[7]  with "one": the wait id of the re-entry given back, or "" for the first hold. A
 --          re-entry already given back is not given back twice (a release sent again after
 --          its reply was lost changes nothing).
+-- ARGV[8]  the inbox prefix (see lib/lock_queue.lua: where a hand-off is published).
 --
--- Publishes "granted <wait> <token> <window ms>" or "released".
+-- Publishes "granted <wait> <token> <window ms>" (to the heir's inbox) or "released".
 -- Returns -1 when the caller does not own the lock (expired, taken, force-released), otherwise
 -- the re-entries still held (0 = released).
 
@@ -35,5 +36,5 @@ if ARGV[2] == 'one' then
     return count
   end
 end
-free(now_us(), ARGV[3], ARGV[4], tonumber(ARGV[5]))
+free(now_us(), ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[8])
 return 0

@@ -15,13 +15,15 @@
 -- ARGV[5]  the wake-up channel (a PUBLISH target, not a key).
 -- ARGV[6]  the lock's name as the application wrote it.
 -- ARGV[7]  the claim window in milliseconds.
+-- ARGV[8]  the inbox prefix (see lib/lock_queue.lua: where a hand-off is published).
+-- ARGV[9]  this wait's inbox token, as queued ("" for none).
 --
 -- Returns {1, fencing token, re-entry count} when the caller leaves holding the lock, else
 -- {0, 0, 0}.
 
 --#include lib/lock_queue.lua
 
-leave(ARGV[2] .. ':' .. ARGV[1] .. ':' .. ARGV[3])
+leave(member_of(ARGV[2], ARGV[1], ARGV[3], ARGV[9]))
 if ARGV[4] == 'give' then
   -- An interrupted caller: an acquire of this wait still on its way is refused when it comes.
   tombstone(now_us(), ARGV[2])
@@ -34,7 +36,7 @@ if state[2] ~= ARGV[2] then
   -- Held by an earlier wait of this owner: a re-entry this wait made is given back.
   if ARGV[4] == 'give' and redis.call('HDEL', KEYS[1], 'e:' .. ARGV[2]) == 1
       and redis.call('HINCRBY', KEYS[1], 'count', -1) <= 0 then
-    free(now_us(), ARGV[5], ARGV[6], tonumber(ARGV[7]))
+    free(now_us(), ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8])
   end
   return {0, 0, 0}
 end
@@ -45,5 +47,5 @@ if ARGV[4] == 'take' then
   end
   return {1, tonumber(state[4]), tonumber(state[3])}
 end
-free(now_us(), ARGV[5], ARGV[6], tonumber(ARGV[7]))
+free(now_us(), ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8])
 return {0, 0, 0}

@@ -8,8 +8,10 @@
 --          hash then expires after the claim window instead of the lease.
 -- KEYS[2]  the fencing counter: the last token handed out. It expires FENCE_KEEP_MS after the
 --          lease it was taken for; tokens stay increasing without it (see next_token).
--- KEYS[3]  the queue: a sorted set of waits, member "<wait>:<owner>:<lease ms>", score = arrival
---          (server clock, microseconds). First come, first served.
+-- KEYS[3]  the queue: a sorted set of waits, member "<wait>[.<inbox>]:<owner>:<lease ms>", score =
+--          arrival (server clock, microseconds). First come, first served. <inbox>: the token of
+--          the waiter's own channel, "<inbox prefix><inbox>", where its hand-off is published
+--          (without one, on the lock's channel, which every waiter of the lock hears).
 -- KEYS[4]  the same members scored by when the registration goes stale (server clock, ms): a
 --          waiter that died without withdrawing is dropped then, and never handed the lock.
 --          Also "x:<wait>" members: waits withdrawn by an interrupted caller (see tombstone).
@@ -46,6 +48,14 @@ local function take(now, owner, wait, lease_ms, name)
              'name', name)
   redis.call('PEXPIRE', KEYS[1], lease_ms)
   return token
+end
+
+-- The queue member of a wait (see KEYS[3]).
+local function member_of(wait, owner, lease, inbox)
+  if inbox ~= nil and inbox ~= '' then
+    wait = wait .. '.' .. inbox
+  end
+  return wait .. ':' .. owner .. ':' .. lease
 end
 
 local function leave(member)
@@ -93,9 +103,10 @@ local function enqueue(now, member, stay_ms)
 end
 
 -- The lock is free: offer it to the first live waiter as a claim it must confirm within
--- WINDOW_MS, and say so on CHANNEL ("granted <wait> <token> <window ms>"). Returns false when
--- nobody waits (the caller then publishes "released").
-local function hand_off(now, channel, name, window_ms)
+-- WINDOW_MS, and say so ("granted <wait> <token> <window ms>") on its inbox, INBOXES .. <inbox>
+-- (only the heir wakes), or on CHANNEL when it named none. Returns false when nobody waits
+-- (the caller then publishes "released").
+local function hand_off(now, channel, name, window_ms, inboxes)
   if redis.call('EXISTS', KEYS[3]) == 0 then
     return false
   end
@@ -105,17 +116,21 @@ local function hand_off(now, channel, name, window_ms)
     return false
   end
   leave(head)
-  local wait, owner, lease = string.match(head, '^([^:]*):([^:]*):(%d+)$')
+  local first, owner, lease = string.match(head, '^([^:]*):([^:]*):(%d+)$')
+  local wait, inbox = string.match(first, '^([^.]*)%.?(.*)$')
   local token = take(now, owner, wait, tonumber(lease), name)
   redis.call('HSET', KEYS[1], 'claim', 1)
   redis.call('PEXPIRE', KEYS[1], window_ms)
+  if inbox ~= '' and inboxes ~= nil and inboxes ~= '' then
+    channel = inboxes .. inbox
+  end
   redis.call('PUBLISH', channel, 'granted ' .. wait .. ' ' .. int(token) .. ' ' .. window_ms)
   return true
 end
 
-local function free(now, channel, name, window_ms)
+local function free(now, channel, name, window_ms, inboxes)
   redis.call('DEL', KEYS[1])
-  if not hand_off(now, channel, name, window_ms) then
+  if not hand_off(now, channel, name, window_ms, inboxes) then
     redis.call('PUBLISH', channel, 'released')
   end
 end
