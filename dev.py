@@ -94,7 +94,8 @@ COMBINATIONS = (
 )
 # What differs between those combinations: the engine, views, DRF (and DRF's own tests), locks
 # sync and async, lost replies, both transports, checks, the first-hour path, the test helpers,
-# the cluster, live overrides, the state's forms in Redis. The multi-process and browser tests run in `test` only.
+# the cluster, live overrides, the state's forms in Redis. The multi-process and browser tests
+# run in `test` only.
 FAST = (
     "tests/test_engine.py", "tests/test_decorators.py", "tests/test_middleware.py",
     "tests/test_drf.py", "tests/test_drf_reference.py", "tests/test_locks.py",
