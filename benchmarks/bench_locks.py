@@ -1,7 +1,8 @@
 """Lock benchmark: hand-off, uncontended acquire+release and contention, against peers, one run.
 
-    .venv/bin/python benchmarks/bench_locks.py [--handoffs 50] [--cycles 2000] [--rounds 9]
-        [--threads 8] [--round-seconds 1] [--per-thread 2000] [--reference]
+    .venv/bin/python benchmarks/bench_locks.py [--handoffs 50] [--process-handoffs 30]
+        [--cycles 2000] [--rounds 9] [--threads 8] [--round-seconds 1] [--per-thread 2000]
+        [--reference]
 
 Uses REDIS_URL if set, else starts its own loopback server (django_redislua.testing.RedisServer).
 Peers in the same process and run: our ``Lock``, redis-py's ``Lock`` (default 0.1 s sleep between
@@ -14,6 +15,9 @@ bounded in count, and the contention rounds in time too; figures are medians.
   once the waiter is parked on the server (ours: in the lock's queue; python-redis-lock: in
   BLPOP), plus 20 ms; redis-py's waiter cannot be seen (it sleeps between tries), so its release
   comes at a random point of its 0.1 s sleep and its figure is about half that sleep.
+- hand-off across processes (``--process-handoffs``, ours and python-redis-lock): the same
+  with the waiter in a process of its own, as on app servers (no GIL shared with the holder);
+  one waiter process per peer, started once, given each trial's lock name.
 - hand-off commands: the same, once, under MONITOR: every command the server received from the
   start of the release to the waiter's acquire returning (markers bound the window).
 - uncontended: acquire then release of a free lock, timed alone; its commands under MONITOR.
@@ -157,6 +161,60 @@ def handoffs_ms(all_peers: list[Peer], rng: random.Random) -> dict[str, float]:
         rng.shuffle(order)
         for peer in order:
             latencies[peer.label].append(one_handoff(peer, f"bench:handoff:{trial}", rng))
+    return {label: statistics.median(values) for label, values in latencies.items()}
+
+
+def _process_waiter(url: str, label: str, names: Any, acquired: Any) -> None:
+    """A waiter in a process of its own (as app servers are): for each lock name it is given,
+    acquire (blocking: the main process holds it), say when, release."""
+    setup_django(url)
+    from django_redislua.connection import get_client
+
+    peer = next(p for p in peers(get_client(), 1) if p.label == label)
+    for name in iter(names.get, None):
+        wait, done = peer.make(name)
+        wait()
+        acquired.put(time.perf_counter())
+        done()
+
+
+def process_handoffs_ms(all_peers: list[Peer], url: str, trials: int,
+                        rng: random.Random) -> dict[str, float]:
+    """Median hand-off with the waiter in another process: from the start of the release to
+    the waiter's acquire returning, on the system-wide monotonic clock (perf_counter). Peers
+    that can be seen parked only (a poller's figure is its sleep)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    seen = [peer for peer in all_peers if peer.parked is not None]
+    workers = {}
+    for peer in seen:
+        names, acquired = context.Queue(), context.Queue()
+        process = context.Process(target=_process_waiter,
+                                  args=(url, peer.label, names, acquired), daemon=True)
+        process.start()
+        workers[peer.label] = (process, names, acquired)
+    latencies: dict[str, list[float]] = {peer.label: [] for peer in seen}
+    try:
+        for trial in range(trials):
+            order = list(seen)
+            rng.shuffle(order)
+            for peer in order:
+                _process, names, acquired = workers[peer.label]
+                name = f"bench:process-handoff:{trial}"
+                hold, release = peer.make(name)
+                hold()
+                names.put(name)
+                wait_parked(peer, name, rng)
+                released_at = time.perf_counter()
+                release()
+                latencies[peer.label].append((acquired.get(timeout=10) - released_at) * 1000)
+    finally:
+        for process, names, _acquired in workers.values():
+            names.put(None)
+            process.join(10)
+            if process.is_alive():
+                process.kill()
     return {label: statistics.median(values) for label, values in latencies.items()}
 
 
@@ -313,6 +371,8 @@ def main() -> None:
                         help="length of a contention round")
     parser.add_argument("--per-thread", type=int, default=2000,
                         help="... unless threads x this many acquisitions come first")
+    parser.add_argument("--process-handoffs", type=int, default=30,
+                        help="hand-off trials with the waiter in another process (0: none)")
     parser.add_argument("--reference", action="store_true",
                         help="ours on the reference transport (REDISLUA LEAN_CALLS=False)")
     options = parser.parse_args()
@@ -332,6 +392,8 @@ def main() -> None:
         commands = {peer.label: (uncontended_commands(client, peer),
                                  handoff_commands(client, peer, rng)) for peer in all_peers}
         handoff = handoffs_ms(all_peers, rng)
+        across = (process_handoffs_ms(all_peers, url, options.process_handoffs, rng)
+                  if options.process_handoffs else {})
         cycle = uncontended_us(all_peers, options.cycles, rng)
         contended = contention(all_peers, options.rounds, options.threads, options.per_thread,
                                options.round_seconds, rng)
@@ -355,6 +417,11 @@ def main() -> None:
         label = peer.label
         print(f"{label:<22} {handoff[label]:>11.3f} {handoff[label] / handoff[ours]:>7.2f}x "
               f"{cycle[label]:>10.0f} {cycle[label] / cycle[ours]:>7.2f}x")
+    if across:
+        print(f"\n{'peer':<22} {'hand-off ms, waiter in another process':>40} {'vs ours':>8}"
+              f"   ({options.process_handoffs} trials)")
+        for label, value in across.items():
+            print(f"{label:<22} {value:>40.3f} {value / across[ours]:>7.2f}x")
     print(f"\n{'peer':<22} commands (MONITOR)")
     for peer in all_peers:
         uncontended, handed = commands[peer.label]
