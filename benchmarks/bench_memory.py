@@ -41,14 +41,19 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench_ratelimit import (  # noqa: E402  (the rate-limit benchmark's peers, as they are)
+    Contender,
+    check_loopback,
+    limits_peers,
+    throttled_peers,
+)
 
 from django_redislua.testing import running_server  # noqa: E402
 
@@ -60,24 +65,9 @@ HITS = (1, 10)
 TIE = 0.5
 
 
-@dataclass
-class Contender:
-    label: str
-    who: str
-    algorithm: str
-    hit: Callable[[str], Any]
-
-
 def identities(count: int) -> Iterator[str]:
     for i in range(1, count + 1):
         yield f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}"
-
-
-def check_loopback(url: str) -> None:
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.scheme != "unix" and host not in ("127.0.0.1", "localhost", "::1"):
-        raise SystemExit(f"refusing a non-loopback Redis ({host!r}): this benchmark flushes it")
 
 
 def configure(url: str) -> None:
@@ -106,41 +96,6 @@ def ours(rate: str) -> list[Contender]:
         else:
             policy = Policy("api", rate=rate, algorithm=algorithm)
         found.append(Contender(f"ours {algorithm}", "ours", algorithm, policy.hit))
-    return found
-
-
-def limits_peers(url: str, count: int) -> list[Contender]:
-    from limits import parse, storage, strategies
-
-    store = storage.RedisStorage(url)
-    quota = parse(f"{count}/hour")
-    found = []
-    for name, algorithm, strategy in (
-        ("fixed window", "fixed_window", strategies.FixedWindowRateLimiter),
-        ("sliding window counter", "sliding_window", strategies.SlidingWindowCounterRateLimiter),
-        ("moving window", "sliding_log", strategies.MovingWindowRateLimiter),
-    ):
-        limiter = strategy(store)
-        found.append(Contender(f"limits {name}", "limits", algorithm,
-                               lambda key, lim=limiter: lim.hit(quota, key)))
-    return found
-
-
-def throttled_peers(url: str, count: int) -> list[Contender]:
-    from throttled import RedisStore, Throttled, per_hour
-
-    store = RedisStore(server=url)
-    found = []
-    for algorithm, using in (
-        ("fixed_window", "fixed_window"),
-        ("sliding_window", "sliding_window"),
-        ("token_bucket", "token_bucket"),
-        ("leaky_bucket", "leaking_bucket"),
-        ("gcra", "gcra"),
-    ):
-        throttle = Throttled(using=using, quota=per_hour(count), store=store)
-        found.append(Contender(f"throttled-py {using}", "throttled-py", algorithm,
-                               lambda key, t=throttle: t.limit(key)))
     return found
 
 
@@ -212,7 +167,7 @@ def measure(client: Any, contender: Contender, sample: int, many: int,
     for hits in HITS:
         for _ in range(hits - done):
             for name in names:
-                contender.hit(name)
+                contender.call(name)
         done = hits
         total, keys, example = key_bytes(client)
         row[f"bytes_{hits}"] = total / sample
@@ -227,7 +182,7 @@ def measure(client: Any, contender: Contender, sample: int, many: int,
             client.flushall()
             before = used_memory(client)
             for name in identities(many):
-                contender.hit(name)
+                contender.call(name)
             if measured:
                 deltas.append((used_memory(client) - before) / many)
         row["used_memory_delta"] = statistics.median(deltas)
@@ -301,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     import redis
 
     with running_server() as url:
-        check_loopback(url)
+        check_loopback(url, "flushes it")
         configure(url)
         client = redis.Redis.from_url(url)
         info = client.info("server")

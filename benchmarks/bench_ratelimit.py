@@ -160,11 +160,11 @@ def setup_django(url: str, functions: bool) -> None:
     django.setup()
 
 
-def check_loopback(url: str) -> None:
+def check_loopback(url: str, doing: str = "floods it") -> None:
     parts = urlsplit(url)
     host = parts.hostname or ""
     if parts.scheme != "unix" and host not in ("127.0.0.1", "localhost", "::1"):
-        raise SystemExit(f"refusing a non-loopback Redis ({host!r}): this benchmark floods it")
+        raise SystemExit(f"refusing a non-loopback Redis ({host!r}): this benchmark {doing}")
 
 
 def min_args(algorithm_code: str = "fw") -> list[Any]:
