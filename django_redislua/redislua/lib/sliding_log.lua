@@ -20,8 +20,9 @@ do
   local after = string.format('(%d', horizon)
   -- One call finds the form the limit calls for; an error reply (WRONGTYPE) says the key holds
   -- the other, then read.
+  local small = limit <= 128  -- the form this limit calls for
   local log, sorted, count, first, n = false, false, 0, 1, 0
-  if limit > 128 then
+  if not small then
     count = redis.pcall('ZCOUNT', key, after, '+inf')  -- 0 for no key
     sorted = type(count) == 'number'
     if not sorted then log = redis.call('GET', key) end
@@ -45,7 +46,7 @@ do
   allowed, reset, retry = count + cost <= limit, 0, 0
   remaining = limit - count
   if allowed and consume then
-    if limit <= 128 then
+    if small then
       if sorted then  -- move the live entries (COUNT <= LIMIT - COST) into a small log
         local live = redis.call('ZRANGEBYSCORE', key, after, '+inf', 'WITHSCORES')
         local parts = {}
