@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import os
 import secrets
@@ -277,9 +278,8 @@ class Transport:
         token = secrets.token_hex(16)
         channel = f"{op.prefix}{token}"
         subscribed = self.subscribe(Subscribe(channel))
-        self._local.inbox = box = Mailbox(subscribed, channel, token, confirmed=False)
         # Confirmed by the first wait (it reads the confirmation); later waits need not.
-        self._local.inbox_next = Mailbox(subscribed, channel, token, confirmed=True)
+        self._local.inbox = box = Mailbox(subscribed, channel, token, confirmed=False)
         return box
 
     def listen(self, op: Listen) -> Any:
@@ -295,7 +295,7 @@ class Transport:
             return  # dropped already (a read was interrupted): nothing to unsubscribe
         box: Mailbox | None = getattr(self._local, "inbox", None)
         if box is not None and op.channel == box.channel:
-            self._local.inbox = self._local.inbox_next  # kept, confirmed now
+            self._local.inbox = dataclasses.replace(box, confirmed=True)  # kept, confirmed now
             return
         try:
             # The confirmation is read, and skipped, by this thread's next wait.
@@ -307,7 +307,7 @@ class Transport:
     def drop_subscriber(self) -> None:
         """Close this thread's kept pub/sub connection (a thread about to end may call it)."""
         pubsub = getattr(self._local, "pubsub", None)
-        self._local.pubsub = self._local.inbox = self._local.inbox_next = None
+        self._local.pubsub = self._local.inbox = None
         if pubsub is not None:
             with contextlib.suppress(redis.RedisError, OSError):
                 pubsub.close()
