@@ -142,11 +142,12 @@ class Inbox:
     prefix: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Mailbox:
     """What :class:`Inbox` produces: the subscription to :class:`Listen` to, the channel its
     messages come on, the token a hand-off script turns into that channel ("" for the
-    primitive's channel), and whether the subscription is confirmed already (kept)."""
+    primitive's channel), and whether the subscription is confirmed already (kept; set by the
+    transport once a wait has read the confirmation)."""
 
     subscription: Any
     channel: str

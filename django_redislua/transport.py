@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import inspect
 import os
 import secrets
@@ -208,11 +207,42 @@ def first_error(replies: list[Any]) -> None:
             raise reply
 
 
+_NOT_READ = object()
+_PUBLISHED = (b"message", "message")
+
+
+def _read_message(pubsub: Any, timeout: float) -> Any:
+    """The next message of ``pubsub`` read straight off its connection, as
+    ``PubSub.get_message`` gives it, or None when ``timeout`` passes first: a lock's heir reads
+    its grant here, on the path between a release and the heir running, without ``get_message``'s
+    layers (health check, retry wrapper, observability hooks), which cost about as much as a
+    whole round trip. :data:`_NOT_READ` when this way does not apply (a connection that checks its
+    health, is not connected, or failed: ``get_message`` then reconnects and resubscribes, as
+    it would have)."""
+    conn = pubsub.connection
+    if conn is None or conn.health_check_interval or not conn.is_connected:
+        return _NOT_READ
+    try:
+        if not conn.can_read(timeout=timeout):
+            return None
+        response = conn.read_response(disconnect_on_error=False, push_request=True)
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        return _NOT_READ
+    if isinstance(response, list) and response and response[0] in _PUBLISHED:
+        return {"type": "message", "pattern": None, "channel": response[1], "data": response[2]}
+    if isinstance(response, dict):
+        return response  # RESP3 without hiredis: parsed by redis-py's push handler already
+    return pubsub.handle_message(response)  # (un)subscribe confirmations: PubSub keeps count
+
+
 class Transport:
     """What the sync driver performs: Redis operations (subclasses) and the ones that need no
     Redis (pauses, application calls, protocols run apart)."""
 
     client: Any
+    # Pub/sub messages read straight off the connection (see _read_message): where calls are
+    # lean too (a plain pool, LEAN_CALLS, a redis-py the suite proves it on).
+    lean_reads = False
 
     def __init__(self) -> None:
         self.operations: dict[type, Callable[[Any], Any]] = {
@@ -283,8 +313,13 @@ class Transport:
         return box
 
     def listen(self, op: Listen) -> Any:
+        pubsub = op.subscription
         try:
-            return op.subscription.get_message(timeout=op.timeout)
+            if self.lean_reads:
+                message = _read_message(pubsub, op.timeout)
+                if message is not _NOT_READ:
+                    return message
+            return pubsub.get_message(timeout=op.timeout)
         except BaseException:
             self.drop_subscriber()  # interrupted mid-read: the connection's state is unknown
             raise
@@ -295,7 +330,7 @@ class Transport:
             return  # dropped already (a read was interrupted): nothing to unsubscribe
         box: Mailbox | None = getattr(self._local, "inbox", None)
         if box is not None and op.channel == box.channel:
-            self._local.inbox = dataclasses.replace(box, confirmed=True)  # kept, confirmed now
+            box.confirmed = True  # kept, and its confirmation read: later waits need not
             return
         try:
             # The confirmation is read, and skipped, by this thread's next wait.
@@ -345,7 +380,8 @@ class ServerTransport(Transport):
         super().__init__()
         self.client = client
         pool = client.connection_pool
-        self.source: Any = lean.KeptConnections(pool) if lean.eligible(pool) else PoolSource(pool)
+        self.lean_reads = lean.eligible(pool)
+        self.source: Any = lean.KeptConnections(pool) if self.lean_reads else PoolSource(pool)
 
     def send(self, op: Send) -> Replies:
         commands = flatten(op)
@@ -530,6 +566,9 @@ class AsyncTransport:
     """What the asyncio driver performs: each method returns an awaitable."""
 
     client: Any
+    # Pub/sub messages read straight off the connection (see _read_message): where calls are
+    # lean too (a plain pool, LEAN_CALLS, a redis-py the suite proves it on).
+    lean_reads = False
 
     def __init__(self) -> None:
         self.operations: dict[type, Callable[[Any], Any]] = {

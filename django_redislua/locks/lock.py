@@ -74,6 +74,7 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 ACQUIRE = "django_redislua.lock_acquire"
+CONFIRM = "django_redislua.lock_confirm"
 WITHDRAW = "django_redislua.lock_withdraw"
 RELEASE = "django_redislua.lock_release"
 
@@ -137,6 +138,11 @@ class _Wait:
         self.deadline = None if limit is None else time.monotonic() + limit
         self.sent_at = 0.0
         self.inbox = ""  # the token of the inbox a hand-off to this wait is published to
+        self.granted = False  # a hand-off to this wait was heard: the next try confirms it
+        # Made once subscribed (on_inbox), so that hearing the grant costs little: what the
+        # grant message starts with, and the call that confirms it (lock_confirm.lua).
+        self.grant = ""
+        self.confirm_call: Call | None = None
         self.acked = 0  # replicas that confirmed the last call (with Lock(replicas=N))
         self.unreplicated = False  # acquired, but fewer replicas confirmed than asked for
 
@@ -155,8 +161,22 @@ class _Wait:
                              lock.name, self._stay_ms() if queued else 0, lock.keys.channel,
                              lock._window_ms(), inbox_prefix(), self.inbox]
 
+    def confirm(self) -> Call:
+        """The call confirming the hand-off this wait heard of (lock_confirm.lua): a claim that
+        ran out meanwhile confirms nothing, and the next try is a full one again (queued anew).
+        """
+        assert self.confirm_call is not None  # granted only once subscribed
+        self.granted = False
+        self.sent_at = time.monotonic()
+        return self.confirm_call
+
     def on_inbox(self, box: Mailbox) -> None:
+        lock = self.lock
         self.inbox = box.token
+        self.grant = f"granted {self.id} "
+        script = get_script(CONFIRM)
+        self.confirm_call = Call(script, script.command(lock._keys4[:1],
+                                                        [lock.owner, self.id, lock._lease_ms]))
 
     def took(self, reply: Reply) -> float | None:
         """None when acquired (the Lock records it), else seconds until the next try: when the
@@ -164,11 +184,12 @@ class _Wait:
         after a claim window. A hand-off wakes only its heir, so a queued waiter looks again
         every claim window: a claim to a heir that died runs out within one, and the first
         waiter back then takes the lock."""
-        acquired, value, count = (int(x) for x in reply)
+        acquired, value, count = reply
         if acquired:
-            self.lock._held(value, count, self.sent_at, self.id)
+            self.lock._held(int(value), int(count), self.sent_at, self.id)
             self.unreplicated = count == 1 and self.acked < self.lock.replicas
             return None
+        value = int(value)
         left = math.inf if value == -1 else max(value, 0) / 1000
         return min(left, settings.LOCK_CLAIM_WINDOW)
 
@@ -177,8 +198,11 @@ class _Wait:
         grant in this wait's inbox to an earlier wait of the same inbox, nothing to do. Seconds
         (on the lock's channel, where a transport polls): it was handed to another wait; sleep
         at most until that claim would run out unconfirmed."""
+        if self.grant and data.startswith(self.grant):
+            self.granted = True
+            return None
         word, *rest = data.split(" ")
-        if word == "granted" and len(rest) == 3 and rest[0] != self.id:
+        if word == "granted" and len(rest) == 3:
             # In this wait's own inbox: a hand-off to an earlier wait of this thread, long
             # settled. On the lock's channel: a claim for another wait.
             return False if self.inbox else int(rest[2]) / 1000
@@ -317,14 +341,19 @@ class Lock:
               ) -> Protocol[Reply]:
         """One script call of ``wait``; with ``replicas``, followed by WAIT on its connection."""
         script = get_script(name)
+        return (yield from self._calling(wait, Call(script, script.command(keys, args))))
+
+    def _calling(self, wait: _Wait, call: Call) -> Protocol[Reply]:
         if not self.replicas:
-            reply: Reply = yield Call(script, script.command(keys, args))
+            reply: Reply = yield call
             return reply
-        reply, wait.acked = yield from call_replicated(
-            script, script.command(keys, args), self.replicas, self._replica_ms())
+        reply, wait.acked = yield from call_replicated(call.script, call.command, self.replicas,
+                                                       self._replica_ms())
         return reply
 
     def _attempt(self, wait: _Wait, queued: bool) -> Protocol[float | None]:
+        if wait.granted:
+            return wait.took((yield from self._calling(wait, wait.confirm())))
         keys, args = wait.attempt(queued)
         return wait.took((yield from self._call(wait, ACQUIRE, keys, args)))
 

@@ -41,12 +41,19 @@ local function next_token(now, lease_ms)
   return token
 end
 
--- KEYS[1] must not exist (every caller checked or deleted it).
-local function take(now, owner, wait, lease_ms, name)
+-- KEYS[1] must not exist (every caller checked or deleted it). With CLAIM_MS, the lock is
+-- offered (a hand-off its heir must confirm): marked `claim`, it expires after CLAIM_MS.
+local function take(now, owner, wait, lease_ms, name, claim_ms)
   local token = next_token(now, lease_ms)
-  redis.call('HSET', KEYS[1], 'owner', owner, 'wait', wait, 'count', 1, 'token', int(token),
-             'name', name)
-  redis.call('PEXPIRE', KEYS[1], lease_ms)
+  if claim_ms then
+    redis.call('HSET', KEYS[1], 'owner', owner, 'wait', wait, 'count', 1, 'token', int(token),
+               'name', name, 'claim', 1)
+    redis.call('PEXPIRE', KEYS[1], claim_ms)
+  else
+    redis.call('HSET', KEYS[1], 'owner', owner, 'wait', wait, 'count', 1, 'token', int(token),
+               'name', name)
+    redis.call('PEXPIRE', KEYS[1], lease_ms)
+  end
   return token
 end
 
@@ -81,12 +88,14 @@ local function withdrawn(wait)
   return redis.call('ZSCORE', KEYS[4], 'x:' .. wait) ~= false
 end
 
+-- Returns how many were dropped.
 local function prune_stale(now)
   local stale = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', int(math.floor(now / 1000)),
                            'LIMIT', 0, PRUNE_LIMIT)
   for _, member in ipairs(stale) do
     leave(member)
   end
+  return #stale
 end
 
 -- Queue MEMBER (if new: a retry keeps its place) and keep it fresh for STAY_MS.
@@ -107,20 +116,17 @@ end
 -- (only the heir wakes), or on CHANNEL when it named none. Returns false when nobody waits
 -- (the caller then publishes "released").
 local function hand_off(now, channel, name, window_ms, inboxes)
-  if redis.call('EXISTS', KEYS[3]) == 0 then
-    return false
-  end
-  prune_stale(now)
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if head and prune_stale(now) > 0 then
+    head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]  -- the first may have been a stale one
+  end
   if not head then
     return false
   end
   leave(head)
   local first, owner, lease = string.match(head, '^([^:]*):([^:]*):(%d+)$')
   local wait, inbox = string.match(first, '^([^.]*)%.?(.*)$')
-  local token = take(now, owner, wait, tonumber(lease), name)
-  redis.call('HSET', KEYS[1], 'claim', 1)
-  redis.call('PEXPIRE', KEYS[1], window_ms)
+  local token = take(now, owner, wait, tonumber(lease), name, window_ms)
   if inbox ~= '' and inboxes ~= nil and inboxes ~= '' then
     channel = inboxes .. inbox
   end
