@@ -20,10 +20,12 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.test import override_settings
+from redis.client import PubSub
 
 from django_redislua.connection import get_client
-from django_redislua.locks import Lock, LockNotOwned
+from django_redislua.locks import Lock, LockNotOwned, LockUnavailable
 from django_redislua.locks.lock import _Wait
+from django_redislua.protocol import Mailbox
 from django_redislua.scripts import get_script
 from django_redislua.testing import CommandRecorder
 from django_redislua.transport import arun, run
@@ -115,6 +117,117 @@ def test_a_release_offers_the_lock_and_the_heir_confirms_with_one_call(where: st
     assert client.pttl(heir.keys.base) > 25_000  # confirmed: the heir's own lease runs
     heir.release()
     assert not heir.locked()
+
+
+def heard_grant(holder: Lock, heir: Lock, inbox: str) -> _Wait:
+    """A wait of ``heir`` queued behind ``holder`` with inbox ``inbox`` (nobody listens there),
+    then the release's hand-off to it, heard as the heir would hear it."""
+    wait = _Wait(heir, 5.0)
+    wait.on_inbox(Mailbox(None, "", inbox, True))
+    assert run(heir._attempt(wait, True)) is not None  # queued
+    holder.release()
+    token = get_client().hget(heir.keys.base, "token")
+    assert token is not None
+    assert wait.on_message(f"granted {wait.id} {int(token)} {int(WINDOW * 1000)}") is None
+    assert wait.granted
+    return wait
+
+
+def test_a_confirm_sent_again_after_a_lost_reply_changes_nothing(where: str) -> None:
+    holder, heir = Lock("confirm-again", timeout=30), Lock("confirm-again", timeout=30)
+    assert holder.acquire()
+    wait = heard_grant(holder, heir, "again")
+    assert run(heir._attempt(wait, True)) is None and not wait.granted  # confirmed
+    token = heir.token
+    wait.granted = True  # its reply was lost: the same confirm goes out again
+    assert run(heir._attempt(wait, True)) is None
+    assert heir.token == token and heir._depth == 1
+    client = get_client()
+    assert client.hget(heir.keys.base, "claim") is None
+    assert client.pttl(heir.keys.base) > 25_000
+    heir.release()
+    assert not heir.locked()
+
+
+@pytest.mark.parametrize("taker", ["another lock", "another acquire of the same lock"])
+def test_a_confirm_after_the_claim_ran_out_takes_nothing_and_the_heir_queues_again(
+        where: str, taker: str) -> None:
+    """The heir heard its grant but confirms after the claim window (it was paused): the lock
+    went to another meanwhile (a grant belongs to its wait, so even another acquire of the same
+    Lock object counts as another). The confirm takes nothing, and the heir's next try is a
+    whole one again: queued anew, and handed the lock by the next release."""
+    holder, heir = Lock("confirm-late", timeout=30), Lock("confirm-late", timeout=30)
+    other = heir if taker == "another acquire of the same lock" else Lock("confirm-late", 30)
+    assert holder.acquire()
+    wait = heard_grant(holder, heir, "late")
+    time.sleep(WINDOW + 0.1)  # the claim runs out unconfirmed
+    assert other.acquire(blocking=False)
+    token = other.token
+    assert run(heir._attempt(wait, True)) is not None  # the confirm: nothing taken
+    assert not wait.granted and other.owned() and other.token == token
+    assert run(heir._attempt(wait, True)) is not None  # a whole try: queued behind `other`
+    assert queued(holder) == 1
+    other.release()
+    assert run(heir._attempt(wait, True)) is None  # the next hand-off is the heir's
+    assert heir.owned() and heir.token is not None and token is not None and heir.token > token
+    heir.release()
+    assert not heir.locked()
+
+
+@pytest.mark.parametrize("health_checks", [False, True])
+def test_the_heir_reads_its_grant_off_the_connection_unless_it_checks_its_health(
+        monkeypatch: pytest.MonkeyPatch, health_checks: bool) -> None:
+    """A kept inbox's messages are read straight off its connection (not through
+    PubSub.get_message); a connection with health checks (redis-py answers their PINGs in
+    get_message) is read through redis-py."""
+    url = settings.REDISLUA["CONNECTION"]
+    if health_checks:
+        url += ("&" if "?" in url else "?") + "health_check_interval=30"
+    through_redis_py: list[float] = []
+    read = PubSub.get_message
+
+    def get_message(self: PubSub, *args: Any, **kwargs: Any) -> Any:
+        through_redis_py.append(time.monotonic())
+        return read(self, *args, **kwargs)
+
+    monkeypatch.setattr(PubSub, "get_message", get_message)
+    with override_settings(REDISLUA={**settings.REDISLUA, "CONNECTION": url,
+                                     "LOCK_CLAIM_WINDOW": WINDOW}):
+        holder, heir = Lock("read-off", timeout=30), Lock("read-off", timeout=30)
+        assert holder.acquire()
+        waiter = queue_behind(holder, Waiter(heir, hold=None, blocking_timeout=10), 1)
+        holder.release()
+        waiter.join(5)
+        assert waiter.acquired and heir.owned()
+        heir.release()
+    assert bool(through_redis_py) == health_checks
+
+
+def test_a_waiter_whose_subscription_is_killed_fails_cleanly(r: Any) -> None:
+    """The heir's pub/sub connection is closed by the server mid-wait (CLIENT KILL): read
+    through redis-py again, the failure is what it always was (the client's retry policy, none
+    here), so the wait ends with LockUnavailable and withdraws: nothing of it stays queued, and
+    the next release frees the lock for anyone."""
+    with override_settings(REDISLUA={**settings.REDISLUA, "LOCK_CLAIM_WINDOW": WINDOW}):
+        holder, heir = Lock("killed-inbox", timeout=30), Lock("killed-inbox", timeout=30)
+        assert holder.acquire()
+        failures: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                heir.acquire(blocking_timeout=10)
+            except BaseException as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        until(lambda: queued(holder) == 1, what="the heir to queue")
+        assert int(r.execute_command("CLIENT", "KILL", "TYPE", "pubsub")) >= 1
+        thread.join(5)
+        assert [type(failure) for failure in failures] == [LockUnavailable]
+        until(lambda: queued(holder) == 0, what="the withdrawal")
+        holder.release()
+        assert not holder.locked() and heir._depth == 0
 
 
 def inboxes() -> int:
@@ -339,8 +452,9 @@ django.setup()
 from django.conf import settings
 from django.core.management import call_command
 from django.test import override_settings
+from redis.client import PubSub
 from django_redislua.connection import get_client
-from django_redislua.locks import Lock, LockNotOwned
+from django_redislua.locks import Lock, LockNotOwned, LockUnavailable
 with override_settings(REDISLUA={**settings.REDISLUA, "LOCK_CLAIM_WINDOW": float(sys.argv[1])}):
     lock = Lock("proc", timeout=20)
     assert lock.acquire()
@@ -546,7 +660,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 import django
 django.setup()
 from django_redislua.connection import get_client
-from django_redislua.locks import Lock, LockNotOwned
+from django_redislua.locks import Lock, LockNotOwned, LockUnavailable
 client = get_client()
 lock = Lock("stopped", timeout=1, auto_renew=True,
             on_lost=lambda lock: client.set("on-lost-at", repr(time.monotonic())))
