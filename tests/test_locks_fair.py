@@ -444,6 +444,76 @@ def test_stale_registrations_are_dropped_before_a_hand_off(where: str) -> None:
     assert queued(holder) == 0
 
 
+def test_a_stale_head_is_dropped_with_the_stale_registrations_behind_the_live_heir(
+        where: str) -> None:
+    holder = Lock("stale-head", timeout=30)
+    assert holder.acquire()
+
+    def departed() -> None:  # a waiter that died without withdrawing: registered for 1 ms
+        wait = _Wait(Lock("stale-head", timeout=30), 0.0)
+        keys, args = wait.attempt(queued=True)
+        args[5] = 1
+        get_script("django_redislua.lock_acquire")(keys=keys, args=args)
+
+    departed()
+    heir = Lock("stale-head", timeout=30)
+    waiter = queue_behind(holder, Waiter(heir, hold=None, blocking_timeout=10), 2)
+    departed()  # behind the live waiter
+    time.sleep(0.01)
+    holder.release()
+    waiter.join(5)
+    assert waiter.acquired and heir.owned()
+    assert queued(holder) == 0  # both stale registrations gone, the one behind the heir too
+    assert get_client().zcard(holder.keys.sub("stale")) == 0
+    heir.release()
+
+
+def test_tombstones_that_ran_out_are_dropped_when_another_is_added(where: str) -> None:
+    """A lock that is never idle keeps its stale set alive: a withdrawal's tombstone drops the
+    ones whose minute has passed, so the set holds only the last minute's."""
+    holder = Lock("tombstones", timeout=30)
+    assert holder.acquire()
+    client = get_client()
+    stale = holder.keys.sub("stale")
+    client.zadd(stale, {f"x:{n:016x}": 1 for n in range(150)})  # long run out
+    wait = _Wait(Lock("tombstones", timeout=30), 1.0)
+    keys, args = wait.withdraw("give")
+    get_script("django_redislua.lock_withdraw")(keys=keys, args=args)
+    left = {m.decode() if isinstance(m, bytes) else m for m in client.zrange(stale, 0, -1)}
+    # At most PRUNE_LIMIT (100) a call: bounded work; the next withdrawal drops the rest.
+    assert len(left) == 150 - 100 + 1 and f"x:{wait.id}" in left
+    wait = _Wait(Lock("tombstones", timeout=30), 1.0)
+    keys, args = wait.withdraw("give")
+    get_script("django_redislua.lock_withdraw")(keys=keys, args=args)
+    assert client.zcard(stale) == 2
+    holder.release()
+
+
+def test_a_release_does_the_least_server_work(r: Any, recorder: Any) -> None:
+    """What a release runs on the server, pinned: uncontended, four commands; handing off, nine
+    (the heir's registration popped and checked, the fencing counter written but not read: the
+    freed hold's token is the last one handed out, and the freed hold's fields overwritten)."""
+    call_command("redislua_preload", stdout=StringIO())
+    holder = Lock("least-work", timeout=30)
+    assert holder.acquire()
+    with recorder:
+        holder.release()
+    assert recorder.script_commands == ["HMGET", "ZPOPMIN", "DEL", "PUBLISH"]
+    assert holder.acquire()
+    heir = Lock("least-work", timeout=30)
+    waiter = queue_behind(holder, Waiter(heir, hold=None, blocking_timeout=10), 1)
+    token = holder.token
+    with CommandRecorder(r) as handing_off:
+        holder.release()
+        waiter.join(5)
+    assert handing_off.commands == ["EVALSHA", "EVALSHA"]  # the release, the heir's confirm
+    release = ["HMGET", "ZPOPMIN", "TIME", "ZSCORE", "ZREM", "SET", "HSET", "PEXPIRE", "PUBLISH"]
+    assert handing_off.script_commands == [*release, "HMGET", "HDEL", "PEXPIRE"]  # + confirm
+    assert waiter.acquired and heir.token is not None and token is not None and heir.token > token
+    assert int(r.get(heir.keys.sub("fence"))) == heir.token
+    heir.release()
+
+
 WAITER_PROCESS = """
 import os, sys, time
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")

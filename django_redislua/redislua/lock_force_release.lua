@@ -16,5 +16,5 @@
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-free(now_us(), ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4])
+free(ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4])
 return 1

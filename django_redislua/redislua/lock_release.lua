@@ -36,5 +36,5 @@ if ARGV[2] == 'one' then
     return count
   end
 end
-free(now_us(), ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[8])
+free(ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[8], tonumber(state[2]))
 return 0

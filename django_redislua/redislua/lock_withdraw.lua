@@ -36,7 +36,7 @@ if state[2] ~= ARGV[2] then
   -- Held by an earlier wait of this owner: a re-entry this wait made is given back.
   if ARGV[4] == 'give' and redis.call('HDEL', KEYS[1], 'e:' .. ARGV[2]) == 1
       and redis.call('HINCRBY', KEYS[1], 'count', -1) <= 0 then
-    free(now_us(), ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8])
+    free(ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8])
   end
   return {0, 0, 0}
 end
@@ -47,5 +47,5 @@ if ARGV[4] == 'take' then
   end
   return {1, tonumber(state[4]), tonumber(state[3])}
 end
-free(now_us(), ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8])
+free(ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8])
 return {0, 0, 0}

@@ -34,17 +34,20 @@ end
 -- The next fencing token: above the last one while the counter lives, and never below the
 -- server clock in microseconds, so a restart without persistence, a flush or an eviction of
 -- the counter cannot send tokens back (unless the server clock itself goes back).
-local function next_token(now, lease_ms)
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+-- LAST: the last token, when the caller knows it (a release: the hold it frees had it, and no
+-- token can have been handed out since); else it is read from the counter.
+local function next_token(now, lease_ms, last)
+  last = last or tonumber(redis.call('GET', KEYS[2]) or '0')
   local token = math.max(last + 1, now)
   redis.call('SET', KEYS[2], int(token), 'PX', int(lease_ms + FENCE_KEEP_MS))
   return token
 end
 
--- KEYS[1] must not exist (every caller checked or deleted it). With CLAIM_MS, the lock is
--- offered (a hand-off its heir must confirm): marked `claim`, it expires after CLAIM_MS.
-local function take(now, owner, wait, lease_ms, name, claim_ms)
-  local token = next_token(now, lease_ms)
+-- KEYS[1] must not exist (every caller checked or deleted it), or hold only the fields written
+-- here (a released hold's: they are overwritten). With CLAIM_MS, the lock is offered (a hand-off
+-- its heir must confirm): marked `claim`, it expires after CLAIM_MS. LAST: see next_token.
+local function take(now, owner, wait, lease_ms, name, claim_ms, last)
+  local token = next_token(now, lease_ms, last)
   if claim_ms then
     redis.call('HSET', KEYS[1], 'owner', owner, 'wait', wait, 'count', 1, 'token', int(token),
                'name', name, 'claim', 1)
@@ -70,6 +73,15 @@ local function leave(member)
   redis.call('ZREM', KEYS[4], member)
 end
 
+-- Drop the registrations and tombstones whose time ran out, at most PRUNE_LIMIT of them.
+local function prune_stale(now)
+  local stale = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', int(math.floor(now / 1000)),
+                           'LIMIT', 0, PRUNE_LIMIT)
+  for _, member in ipairs(stale) do
+    leave(member)
+  end
+end
+
 -- How long a wait withdrawn by an interrupted caller ("give") is refused: its acquire may still be
 -- on its way to the server (sent just before a timeout or a cancellation, behind a busy script:
 -- the server answers other clients BUSY after lua-time-limit, 5 s by default), and must not take
@@ -77,6 +89,10 @@ end
 local TOMBSTONE_MS = 60000
 
 local function tombstone(now, wait)
+  -- Tombstones (and stale registrations) that ran out are dropped here, where one is added,
+  -- and when a stale registration comes first in the queue (next_heir): the set stays bounded
+  -- by the withdrawals of the last minute even on a lock that is never idle.
+  prune_stale(now)
   local until_ms = math.floor(now / 1000) + TOMBSTONE_MS
   redis.call('ZADD', KEYS[4], int(until_ms), 'x:' .. wait)
   if redis.call('PTTL', KEYS[4]) < TOMBSTONE_MS + 1000 then
@@ -86,16 +102,6 @@ end
 
 local function withdrawn(wait)
   return redis.call('ZSCORE', KEYS[4], 'x:' .. wait) ~= false
-end
-
--- Returns how many were dropped.
-local function prune_stale(now)
-  local stale = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', int(math.floor(now / 1000)),
-                           'LIMIT', 0, PRUNE_LIMIT)
-  for _, member in ipairs(stale) do
-    leave(member)
-  end
-  return #stale
 end
 
 -- Queue MEMBER (if new: a retry keeps its place) and keep it fresh for STAY_MS.
@@ -111,22 +117,41 @@ local function enqueue(now, member, stay_ms)
   end
 end
 
+-- The first live waiter, taken off the queue, and the server clock (us) it was read at; nil
+-- when nobody waits. A registration gone stale (its waiter died without withdrawing) is dropped,
+-- with up to PRUNE_LIMIT more, and the next one looked at: at most three, bounded work; live
+-- waiters behind more stale ones than that retry within a claim window and find the lock free.
+local function next_heir(now)
+  for _ = 1, 3 do
+    local head = redis.call('ZPOPMIN', KEYS[3])[1]
+    if not head then
+      return nil
+    end
+    now = now or now_us()
+    local stale_at = redis.call('ZSCORE', KEYS[4], head)
+    redis.call('ZREM', KEYS[4], head)
+    if not stale_at or tonumber(stale_at) > math.floor(now / 1000) then
+      return head, now
+    end
+    prune_stale(now)
+  end
+  return nil
+end
+
 -- The lock is free: offer it to the first live waiter as a claim it must confirm within
 -- WINDOW_MS, and say so ("granted <wait> <token> <window ms>") on its inbox, INBOXES .. <inbox>
 -- (only the heir wakes), or on CHANNEL when it named none. Returns false when nobody waits
--- (the caller then publishes "released").
-local function hand_off(now, channel, name, window_ms, inboxes)
-  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  if head and prune_stale(now) > 0 then
-    head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]  -- the first may have been a stale one
-  end
+-- (the caller then publishes "released"). NOW: the server clock if read already; LAST: see
+-- next_token.
+local function hand_off(now, channel, name, window_ms, inboxes, last)
+  local head
+  head, now = next_heir(now)
   if not head then
     return false
   end
-  leave(head)
   local first, owner, lease = string.match(head, '^([^:]*):([^:]*):(%d+)$')
   local wait, inbox = string.match(first, '^([^.]*)%.?(.*)$')
-  local token = take(now, owner, wait, tonumber(lease), name, window_ms)
+  local token = take(now, owner, wait, tonumber(lease), name, window_ms, last)
   if inbox ~= '' and inboxes ~= nil and inboxes ~= '' then
     channel = inboxes .. inbox
   end
@@ -134,9 +159,18 @@ local function hand_off(now, channel, name, window_ms, inboxes)
   return true
 end
 
-local function free(now, channel, name, window_ms, inboxes)
-  redis.call('DEL', KEYS[1])
-  if not hand_off(now, channel, name, window_ms, inboxes) then
+-- Free the lock and offer it on. RELEASED: the token of the hold a release frees, when the hash
+-- holds nothing but that hold's own fields (count 0: no re-entry's field is left); a heir's
+-- fields then overwrite them, and the fencing counter need not be read. Otherwise (nil) the
+-- hash is deleted first.
+local function free(channel, name, window_ms, inboxes, released)
+  if released == nil then
+    redis.call('DEL', KEYS[1])
+  end
+  if not hand_off(nil, channel, name, window_ms, inboxes, released) then
+    if released ~= nil then
+      redis.call('DEL', KEYS[1])
+    end
     redis.call('PUBLISH', channel, 'released')
   end
 end
