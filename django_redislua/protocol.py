@@ -136,7 +136,7 @@ class Inbox:
     UNSUBSCRIBE after the first wait), on asyncio for this wait alone (subscribed together with
     ``channel``, the primitive's own); where a transport cannot subscribe (it polls),
     ``channel``, token "". Produces a :class:`Mailbox`; every protocol that takes one gives it
-    back with :class:`Unsubscribe` in ``finally`` (a kept inbox stays)."""
+    back with :class:`Unsubscribe` in ``finally``, unless it is ``kept``."""
 
     channel: str
     prefix: str
@@ -146,13 +146,15 @@ class Inbox:
 class Mailbox:
     """What :class:`Inbox` produces: the subscription to :class:`Listen` to, the channel its
     messages come on, the token a hand-off script turns into that channel ("" for the
-    primitive's channel), and whether the subscription is confirmed already (kept; set by the
-    transport once a wait has read the confirmation)."""
+    primitive's channel), whether the subscription is confirmed already, and whether it is
+    ``kept`` (a thread's: it stays subscribed after the wait, nothing to give back, and the
+    first wait that reads its confirmation marks it ``confirmed`` for the next ones)."""
 
     subscription: Any
     channel: str
     token: str
     confirmed: bool
+    kept: bool = False
 
 
 @dataclass(frozen=True, slots=True)

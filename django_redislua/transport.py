@@ -309,7 +309,7 @@ class Transport:
         channel = f"{op.prefix}{token}"
         subscribed = self.subscribe(Subscribe(channel))
         # Confirmed by the first wait (it reads the confirmation); later waits need not.
-        self._local.inbox = box = Mailbox(subscribed, channel, token, confirmed=False)
+        self._local.inbox = box = Mailbox(subscribed, channel, token, confirmed=False, kept=True)
         return box
 
     def listen(self, op: Listen) -> Any:
@@ -328,10 +328,6 @@ class Transport:
         pubsub = getattr(self._local, "pubsub", None)
         if pubsub is None or op.subscription is not pubsub:
             return  # dropped already (a read was interrupted): nothing to unsubscribe
-        box: Mailbox | None = getattr(self._local, "inbox", None)
-        if box is not None and op.channel == box.channel:
-            box.confirmed = True  # kept, and its confirmation read: later waits need not
-            return
         try:
             # The confirmation is read, and skipped, by this thread's next wait.
             pubsub.unsubscribe(op.channel)

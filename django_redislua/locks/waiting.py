@@ -92,8 +92,9 @@ def until(channel: str | Inbox, attempt: Attempt, timeout: float | None,
     ``on_inbox`` is told before the first attempt); unsubscribed however it ends (a kept inbox
     stays subscribed)."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    box: Mailbox | None = None
     if isinstance(channel, Inbox):
-        box: Mailbox = yield channel
+        box = yield channel
         subscription, channel, confirmed = box.subscription, box.channel, box.confirmed
         if on_inbox is not None:
             on_inbox(box)
@@ -108,6 +109,8 @@ def until(channel: str | Inbox, attempt: Attempt, timeout: float | None,
                 "subscribe", channel):
             if time.monotonic() >= confirm_by:
                 break
+        if box is not None and box.kept:
+            box.confirmed = True  # read (or given up on: a late one is skipped as no message)
         while True:
             wait = yield from attempt()
             if wait is None:
@@ -127,4 +130,5 @@ def until(channel: str | Inbox, attempt: Attempt, timeout: float | None,
                 if time.monotonic() >= wake_at:
                     break
     finally:
-        yield Unsubscribe(subscription, channel)
+        if box is None or not box.kept:
+            yield Unsubscribe(subscription, channel)
