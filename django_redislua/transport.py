@@ -228,10 +228,9 @@ def _read_message(pubsub: Any, timeout: float) -> Any:
         response = conn.read_response(disconnect_on_error=False, push_request=True)
     except (redis.ConnectionError, redis.TimeoutError, OSError):
         return _NOT_READ
+    # A list on RESP2 and RESP3, with either parser (our PubSubs have no push handler).
     if isinstance(response, list) and response and response[0] in _PUBLISHED:
         return {"type": "message", "pattern": None, "channel": response[1], "data": response[2]}
-    if isinstance(response, dict):
-        return response  # RESP3 without hiredis: parsed by redis-py's push handler already
     return pubsub.handle_message(response)  # (un)subscribe confirmations: PubSub keeps count
 
 
@@ -562,9 +561,6 @@ class AsyncTransport:
     """What the asyncio driver performs: each method returns an awaitable."""
 
     client: Any
-    # Pub/sub messages read straight off the connection (see _read_message): where calls are
-    # lean too (a plain pool, LEAN_CALLS, a redis-py the suite proves it on).
-    lean_reads = False
 
     def __init__(self) -> None:
         self.operations: dict[type, Callable[[Any], Any]] = {
@@ -896,8 +892,7 @@ class AsyncUnbuilt(AsyncTransport):
 
 
 REDIS_OPERATIONS = frozenset({Call, Send, Load, Refresh, Clustered, Execute, Subscribe, Inbox,
-                              Listen,
-                              Unsubscribe})
+                              Listen, Unsubscribe})
 _UNBUILT = Unbuilt()
 
 

@@ -60,6 +60,10 @@ def _woken(verdict: bool | float | str, wake_at: float, deadline: float | None) 
     return min(wake_at, time.monotonic() + max(_bounded(verdict, deadline), 0.0))
 
 
+# A message's type, as redis-py gives it (text, or bytes on some versions and protocols).
+_TYPES = {kind: (kind, kind.encode()) for kind in ("message", "subscribe")}
+
+
 def _is(message: Any, kind: str, channel: str) -> bool:
     """A pub/sub message of type ``kind`` on ``channel`` (a kept connection may still deliver
     what was sent to a channel of an earlier wait)."""
@@ -67,10 +71,6 @@ def _is(message: Any, kind: str, channel: str) -> bool:
         return False
     name = message.get("channel")
     return (name.decode() if isinstance(name, bytes) else name) == channel
-
-
-# A message's type, as redis-py gives it (text, or bytes on some versions and protocols).
-_TYPES = {kind: (kind, kind.encode()) for kind in ("message", "subscribe")}
 
 
 def _verdict(message: Any, channel: str,

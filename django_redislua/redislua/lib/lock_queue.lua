@@ -51,12 +51,11 @@ local function take(now, owner, wait, lease_ms, name, claim_ms, last)
   if claim_ms then
     redis.call('HSET', KEYS[1], 'owner', owner, 'wait', wait, 'count', 1, 'token', int(token),
                'name', name, 'claim', 1)
-    redis.call('PEXPIRE', KEYS[1], claim_ms)
   else
     redis.call('HSET', KEYS[1], 'owner', owner, 'wait', wait, 'count', 1, 'token', int(token),
                'name', name)
-    redis.call('PEXPIRE', KEYS[1], lease_ms)
   end
+  redis.call('PEXPIRE', KEYS[1], claim_ms or lease_ms)
   return token
 end
 
