@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+from django.conf import settings
 from django.test import Client, override_settings
 
 from django_redislua import lean, transport
@@ -660,3 +661,36 @@ async def test_cancelled_reconnect_leaks_nothing(
         assert (await limited.ahit("a")).allowed
         assert (await limited.ahit("a")).allowed
         pool_state(get_async_client().connection_pool, found)
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+@pytest.mark.parametrize("parser", ["hiredis", "python"])
+def test_a_pubsub_message_read_off_the_connection_is_what_get_message_gives(
+    protocol: int, parser: str
+) -> None:
+    """The lean read of a kept inbox (transport._read_message) on either protocol and parser: a
+    published message as get_message gives it, the subscribe confirmation through PubSub's own
+    bookkeeping, None when nothing comes in time."""
+    from redis._parsers import _RESP2Parser, _RESP3Parser
+
+    from django_redislua.transport import _read_message
+
+    options: dict[str, Any] = {"protocol": protocol}
+    if parser == "python":
+        options["parser_class"] = _RESP3Parser if protocol == 3 else _RESP2Parser
+    client = redis.Redis.from_url(settings.REDISLUA["CONNECTION"], **options)
+    reference, lean_read = client.pubsub(), client.pubsub()
+    try:
+        for pubsub in (reference, lean_read):
+            pubsub.subscribe("lean-read")
+        assert _read_message(lean_read, 1.0) == reference.get_message(timeout=1.0)
+        assert lean_read.subscribed and lean_read.channels == reference.channels
+        client.publish("lean-read", "granted abc 1 1000")
+        got = _read_message(lean_read, 1.0)
+        assert got == reference.get_message(timeout=1.0)
+        assert got["type"] == "message" and got["data"] == b"granted abc 1 1000"
+        assert _read_message(lean_read, 0.05) is None
+    finally:
+        for pubsub in (reference, lean_read):
+            pubsub.close()
+        client.close()
