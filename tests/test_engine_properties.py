@@ -5,7 +5,10 @@ Time is injected (``evaluate(..., now_us=...)``), so no test sleeps. Keys writte
 expire in *real* time, which injected time does not follow; so each script call runs inside
 MULTI/EXEC together with PTTL (checked against the TTL the model says the state needs) and
 PERSIST, which keeps the state for the next injected step. The Lua must then behave on state
-older than its TTL exactly as on a missing key, which the models assume.
+older than its TTL exactly as on a missing key, which the models assume. A call that keeps the
+key's expiry (a window's hit in place) leaves it persisted: the expiry in force is then the one
+the write that set it derived, carried in injected time (``expires_at``), and must equal what
+the model says the state needs.
 """
 
 from __future__ import annotations
@@ -126,10 +129,16 @@ def run_step(
         committed = ttl_us is not None
         assert committed == (not peek and decisions[i].allowed and (i in soft or gates))
         assert (decisions[i].lease is not None) == (committed and checks[i][0].code == "cc")
-        if committed:
+        if committed and tx.pttls[key] == -1:
+            # The call kept the expiry in force (a window's hit in place, after the PERSIST that
+            # follows every call): the one the write that set it derived, which, carried to this
+            # injected time, must be the TTL the state needs now, to the microsecond.
+            assert tx.expires_at.get(key) == now + ttl_us
+        elif committed:
             # PTTL is read in the same transaction, but a loaded machine can stall the server
             # between commands; the upper bound is the exact one.
             assert expected_pttl_ms(ttl_us) - 250 <= tx.pttls[key] <= expected_pttl_ms(ttl_us)
+            tx.expires_at[key] = now + ttl_us
         else:
             # peek, or denied (by itself, or by a gating policy): nothing written, TTL untouched.
             assert snapshot(client, [key]) == [before_i]

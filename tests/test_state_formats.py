@@ -6,12 +6,13 @@ stay exact in the wide one."""
 from __future__ import annotations
 
 import struct
+import time
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from django_redislua import Policy
+from django_redislua import Policy, overrides
 from django_redislua.limiting import evaluate
 from django_redislua.limiting.identity import is_bound
 from django_redislua.limiting.inspect import log_times, unpack_state
@@ -201,3 +202,96 @@ def test_a_long_identity_is_a_short_digest(r: redis.Redis) -> None:
     policy.hit(token)
     cluster = 16 if isinstance(r, RedisCluster) else 0
     assert r.memory_usage(key, samples=0) <= 104 + cluster  # 120 with the 32-digit digest
+
+
+# -- a window's hit in place (docs/ratelimit.md, "Changing a rate") ---------------------------
+WINDOWS = ("fixed_window", "sliding_window")
+SECOND = 1_000_000
+
+
+def assert_pttl(r: redis.Redis, key: str, ms: int) -> None:
+    """The key's TTL is MS as a script just set it (less what real time has passed since)."""
+    assert ms - 500 < r.pttl(key) <= ms
+
+
+@pytest.mark.parametrize("algorithm", WINDOWS)
+def test_a_hit_in_the_same_window_adds_in_place_and_keeps_the_expiry(
+    algorithm: str, r: redis.Redis
+) -> None:
+    """Later hits of a window add to the count where it is (no rewrite, nothing formatted): the
+    key keeps the TTL its window's first hit set, the window's end, which deriving it again on
+    the server's clock would give. Injected time shows which: 30 s later, a rewrite would set
+    a TTL 30 s shorter."""
+    policy = Policy("api", rate="100/m", algorithm=algorithm)
+    key = policy.redis_key("10.0.0.1")
+    now = T + SECOND
+    assert hit(policy, now) == (True, 99)
+    window = now - now % policy.param  # the sliding window's: it expires when the next one ends
+    end = now + 60 * SECOND if algorithm == "fixed_window" else window + 120 * SECOND
+    assert_pttl(r, key, (end - now) // 1000)
+    kept = r.pttl(key)
+    assert hit(policy, T + 31 * SECOND, cost=3) == (True, 96)
+    assert kept - 1000 < r.pttl(key) <= kept
+    assert r.object("encoding", key) == b"int" and r.strlen(key) == 19
+    fields = unpack_state(policy.code, r.get(key))
+    assert fields is not None and fields[1][1] == "4"
+    assert peek(policy, T + 31 * SECOND) == 96
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["own-script", "with-another-policy"])
+@pytest.mark.parametrize("algorithm", WINDOWS)
+def test_a_period_changed_by_a_live_override_rewrites_the_expiry(
+    algorithm: str, beside: bool, r: redis.Redis
+) -> None:
+    """A live override's period is not the one the window's TTL was derived with: its hits
+    rewrite the state and the TTL (never in place), and so does the first hit after it ends;
+    in place again from the next. Through the algorithm's own script, and through ratelimit.lua
+    beside another policy."""
+    policy = Policy("api", rate="100/10s", algorithm=algorithm)
+    key = policy.redis_key("10.0.0.1")
+    fixed = algorithm == "fixed_window"
+    companion = [(Policy("companion", rate="1000/s"), "10.0.0.1", 1)] if beside else []
+
+    def hit(policy: Policy, now: int) -> tuple[bool, int]:
+        decision = evaluate([(policy, "10.0.0.1", 1), *companion], now_us=now)[0]
+        return decision.allowed, decision.remaining
+
+    assert hit(policy, T + SECOND) == (True, 99)  # opens the window at T + 1 s (sliding: T)
+    overrides.set_rate(policy, "10.0.0.1", "100/20s", ttl="1h", now_us=T + SECOND)
+    assert hit(policy, T + 2 * SECOND) == (True, 98)
+    # The window at 20 s: fixed, T + 1 s + 20 s; sliding, T's next window's end, T + 40 s.
+    assert_pttl(r, key, 19_000 if fixed else 38_000)
+    assert r.strlen(key) == 12  # never the decimal form under a changed rate
+    assert overrides.clear(policy, "10.0.0.1")
+    assert hit(policy, T + 3 * SECOND) == (True, 97)
+    assert_pttl(r, key, 8_000 if fixed else 17_000)  # the policy's own 10 s, derived again
+    assert r.strlen(key) == 19
+    kept = r.pttl(key)
+    assert hit(policy, T + 4 * SECOND) == (True, 96)
+    assert kept - 1000 < r.pttl(key) <= kept  # in place
+
+
+def test_a_sliding_window_the_clock_went_back_into_is_rewritten(r: redis.Redis) -> None:
+    """A clock gone back stays in the newest window seen; a hit there derives its TTL from the
+    clock as it now is (the whole two periods), not the TTL an in-place hit would keep."""
+    policy = Policy("api", rate="100/10s", algorithm="sliding_window")
+    key = policy.redis_key("10.0.0.1")
+    assert hit(policy, T + 15 * SECOND) == (True, 99)  # window T + 10 s
+    assert_pttl(r, key, 15_000)
+    assert hit(policy, T + 5 * SECOND) == (True, 98)  # 10 s back: still window T + 10 s
+    assert_pttl(r, key, 20_000)
+    assert r.strlen(key) == 19
+
+
+def test_a_period_lengthened_in_settings_forgets_at_most_one_old_window() -> None:
+    """docs/ratelimit.md, "Changing a rate": the count carries over at once, and is forgotten
+    when the window in progress would have ended at the old period: over the new period, at
+    most the old rate's count more than the new rate allows, never more."""
+    old = Policy("deploy", rate="3/s", algorithm="fixed_window")
+    assert [old.hit("u").allowed for _ in range(2)] == [True, True]
+    new = Policy("deploy", rate="3/30s", algorithm="fixed_window")  # the same state key
+    admitted = 2 + sum(new.hit("u").allowed for _ in range(3))
+    assert admitted == 3  # the count carried over: one more, then denied
+    time.sleep(1.1)  # the old window's end: its key expires
+    admitted += sum(new.hit("u").allowed for _ in range(5))
+    assert admitted == 6  # 3 of the old window + 3 of the new: no more

@@ -19,6 +19,9 @@ class TransactionalClient:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.pttls: dict[str, int] = {}
+        # The expiry in force per key, in the injected time of a test that tracks it (the PTTL
+        # it last observed set, carried to that test's clock: see tests/test_engine_properties).
+        self.expires_at: dict[str, int] = {}
 
     def execute_command(self, command: str, *args: Any) -> Any:
         if command in ("SCRIPT LOAD", "FUNCTION LOAD"):

@@ -28,12 +28,13 @@
 -- consumes whenever it allows, whatever the others decided.
 --
 -- Each algorithm is a block in lib/ (included whole here and in its single-policy script,
--- ratelimit_<code>.lua) that reads the locals key, now, limit, param, cost, extra and consume
+-- ratelimit_<code>.lua) that reads the locals key, now, limit, param, cost, extra, consume
 -- (true: write the new state if allowed; false: only read, so the driver can decide several
--- policies before committing any) and sets allowed (boolean), remaining, reset (reset_after,
--- us) and retry (retry_after, us). A block writes only when consume is true and the request is
--- allowed. Here they are the branches of one function of those inputs, decide_policy, defined
--- once per Functions library.
+-- policies before committing any) and own_rate (true: limit and param are the policy's own;
+-- false: a live override changed them, which the windows' in-place hit must know) and sets
+-- allowed (boolean), remaining, reset (reset_after, us) and retry (retry_after, us). A block
+-- writes only when consume is true and the request is allowed. Here they are the branches of one
+-- function of those inputs, decide_policy, defined once per Functions library.
 --
 -- Times and durations are integer microseconds held in Lua numbers (doubles, exact below 2^53).
 -- Numbers passed straight to redis.call are sent exactly ("%.17g"); only concatenation needs
@@ -44,7 +45,7 @@
 -- 2^51 (redislua.E007).
 
 -- One policy decided by its algorithm's block; nil for an unknown algorithm code.
-local function decide_policy(code, key, now, limit, param, cost, extra, consume)
+local function decide_policy(code, key, now, limit, param, cost, extra, consume, own_rate)
   local allowed, remaining, reset, retry
   if code == 'fw' then
 --#include lib/fixed_window.lua

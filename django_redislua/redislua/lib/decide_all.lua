@@ -29,7 +29,7 @@ local function decide_all(KEYS, ARGV)
     if ov[1] == 'a' then return true, ov[3], 0, 0 end
     local cost = tonumber(ARGV[o + 3])
     if cost > ov[3] then return false, ov[3], 0, -1 end  -- above a changed rate's capacity
-    return decide_policy(ARGV[o], KEYS[i], now, ov[3], ov[4], cost, ov[5], consume)
+    return decide_policy(ARGV[o], KEYS[i], now, ov[3], ov[4], cost, ov[5], consume, not ov[1])
   end
 
   local reply, gates_allow = {}, ARGV[1] ~= 'soft'

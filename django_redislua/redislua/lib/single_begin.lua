@@ -1,5 +1,6 @@
 -- The start of a single-policy script (a block: KEYS and ARGV as ratelimit.lua's with one
--- policy): declares the algorithm block's inputs (key, now, limit, param, cost, extra, consume)
+-- policy): declares the algorithm block's inputs (key, now, limit, param, cost, extra, consume,
+-- own_rate)
 -- and outputs (allowed, remaining, reset, retry). One policy: consuming only when allowed is
 -- already all-or-nothing, so the block consumes on a hit, and on a soft hit when the policy
 -- does not gate. Numbers are read with `+ 0` (Lua's own coercion), cheaper than a call to the
@@ -14,6 +15,7 @@ local limit, param, cost = ARGV[4] + 0, ARGV[5] + 0, ARGV[6] + 0
 local consume = ARGV[1] == 'hit' or (ARGV[1] == 'soft' and ARGV[8] == '0')
 local ovkey, name, code = KEYS[2], ARGV[9], ARGV[3]
 --#include lib/override.lua
+local own_rate = override == nil
 local allowed, remaining, reset, retry
 if override == 'b' then
   allowed, remaining, reset, retry = false, 0, override_until - now, override_until - now

@@ -10,18 +10,22 @@
 -- object's own 32-byte allocation) while both counts are below 2^24; else '<ddd', the start in
 -- us (24 bytes, the previous release's only form). Every form is read; the length tells them
 -- apart. Expires when the next window ends (until then the current count still weighs on the
--- estimate).
+-- estimate), set by the write that opens a window (or changes the form). A hit in the same
+-- window of the decimal form adds its cost to the current count's digits in place (`INCRBY`:
+-- nothing formatted), keeping that expiry, as the fixed window does and on the same terms: not
+-- in a window the clock went back into (whose rewrite derives a shorter expiry), and never with
+-- a rate a live override changed (not OWN_RATE: that state is not kept in the decimal form).
 -- Params: limit = hits per period, param = period (us), cost = units to take; extra unused.
 -- An algorithm block (see ratelimit.lua).
 do
   local period = param
   local window = now - now % period  -- (exact: see ratelimit.lua on division)
-  local stored, cur, prev
+  local stored, cur, prev, digits
   local state = redis.call('GET', key)
   if state then
     local size = #state
     if size == 19 then
-      stored = string.sub(state, 1, 13) * 1000
+      stored, digits = string.sub(state, 1, 13) * 1000, true
       cur, prev = string.sub(state, 14, 16) + 0, string.sub(state, 17) + 0
     elseif size == 12 then
       stored, cur, prev = struct.unpack('<I6I3I3', state)
@@ -58,18 +62,22 @@ do
     end
   elseif consume then
     cur = cur + cost
-    -- (2 * period - elapsed > period: the TTL in ms rounded up is at least 1)
-    local packed
-    if period % 1000 ~= 0 or window < 0 then
-      packed = struct.pack('<ddd', window, cur, prev)
-    elseif cur < 1000 and prev < 1000 and window >= 1e15 and window < 9.2e15 then
-      packed = string.format('%d%03d%03d', window / 1000, cur, prev)
-    elseif cur < 16777216 and prev < 16777216 then
-      packed = struct.pack('<I6I3I3', window / 1000, cur, prev)
+    if digits and own_rate and stored == window and now >= window and cur < 1000 then
+      redis.call('INCRBY', key, cost * 1000)  -- in place: the window's expiry stays
     else
-      packed = struct.pack('<ddd', window, cur, prev)
+      -- (2 * period - elapsed > period: the TTL in ms rounded up is at least 1)
+      local packed
+      if period % 1000 ~= 0 or window < 0 then
+        packed = struct.pack('<ddd', window, cur, prev)
+      elseif own_rate and cur < 1000 and prev < 1000 and window >= 1e15 and window < 9.2e15 then
+        packed = string.format('%d%03d%03d', window / 1000, cur, prev)
+      elseif cur < 16777216 and prev < 16777216 then
+        packed = struct.pack('<I6I3I3', window / 1000, cur, prev)
+      else
+        packed = struct.pack('<ddd', window, cur, prev)
+      end
+      redis.call('SET', key, packed, 'PX', math.ceil((2 * period - elapsed) / 1000))
     end
-    redis.call('SET', key, packed, 'PX', math.ceil((2 * period - elapsed) / 1000))
   end
   local left = limit * period - weighted - cur * period
   remaining = left > 0 and math.floor(left / period) or 0
