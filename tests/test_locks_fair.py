@@ -514,6 +514,29 @@ def test_a_release_does_the_least_server_work(r: Any, recorder: Any) -> None:
     heir.release()
 
 
+
+def test_what_every_lock_call_sends_follows_the_settings(r: Any) -> None:
+    """The claim window and the inbox prefix go with every acquire and release and are made
+    once per settings change: a changed KEY_PREFIX or LOCK_CLAIM_WINDOW holds from the next
+    call (the heir's inbox channel, the claim's PEXPIRE), and so does changing it back."""
+    call_command("redislua_preload", stdout=StringIO())
+    for prefix, window in (("moved", 0.25), ("rl", 0.4), ("moved", 0.25)):
+        with override_settings(REDISLUA={**settings.REDISLUA, "KEY_PREFIX": prefix,
+                                         "LOCK_CLAIM_WINDOW": window}):
+            holder, heir = Lock("follows", timeout=30), Lock("follows", timeout=30)
+            assert holder.acquire()
+            waiter = queue_behind(holder, Waiter(heir, hold=None, blocking_timeout=10), 1)
+            with CommandRecorder(r) as handing_off:
+                holder.release()
+                waiter.join(5)
+            assert waiter.acquired
+            sent = [e["command"] for e in handing_off.entries if e.get("client_type") == "lua"]
+            assert any(c.startswith(f"PUBLISH {prefix}:inbox:") for c in sent), sent
+            claim = f"PEXPIRE {heir.keys.base} {round(window * 1000)}"
+            assert claim in sent, sent
+            heir.release()
+
+
 WAITER_PROCESS = """
 import os, sys, time
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")

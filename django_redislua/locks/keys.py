@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from django_redislua import conf
 from django_redislua.conf import settings
 from django_redislua.limiting.identity import bound_identity
 
@@ -44,10 +45,17 @@ def keys_for(kind: str, name: str) -> Keys:
     return Keys(base=base, channel=f"{base}:released")
 
 
+_inbox_prefix = (-1, "")
+
+
 def inbox_prefix() -> str:
     """The start of every waiter's inbox channel (``<prefix>:inbox:<token>``, not a key): a
-    lock's hand-off is published to its heir's inbox alone (see ``transport.Inbox``)."""
-    return f"{settings.KEY_PREFIX}:inbox:"
+    lock's hand-off is published to its heir's inbox alone (see ``transport.Inbox``). Every
+    acquire and release sends it: made once per settings generation."""
+    global _inbox_prefix
+    if _inbox_prefix[0] != conf.generation:
+        _inbox_prefix = (conf.generation, f"{settings.KEY_PREFIX}:inbox:")
+    return _inbox_prefix[1]
 
 
 def scan_pattern(kind: str, name_glob: str = "*") -> str:

@@ -39,7 +39,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction
 
-from django_redislua import metrics
+from django_redislua import conf, metrics
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.limiting.rates import parse_duration
@@ -77,6 +77,7 @@ ACQUIRE = "django_redislua.lock_acquire"
 CONFIRM = "django_redislua.lock_confirm"
 WITHDRAW = "django_redislua.lock_withdraw"
 RELEASE = "django_redislua.lock_release"
+_claim_window = (-1, 0)  # (settings generation, LOCK_CLAIM_WINDOW in ms): Lock._window_ms
 
 
 class LockError(Exception):
@@ -276,7 +277,12 @@ class Lock:
 
     @staticmethod
     def _window_ms() -> int:
-        return milliseconds(settings.LOCK_CLAIM_WINDOW)
+        """LOCK_CLAIM_WINDOW in ms: every acquire and release sends it, so it is derived once
+        per settings generation."""
+        global _claim_window
+        if _claim_window[0] != conf.generation:
+            _claim_window = (conf.generation, milliseconds(settings.LOCK_CLAIM_WINDOW))
+        return _claim_window[1]
 
     def _held(self, token: int, depth: int, sent_at: float, wait_id: str) -> None:
         self.token, self._lost = token, False
