@@ -144,6 +144,9 @@ class Registry:
         self._scripts: dict[str, Script] | None = None
         self._library: tuple[str, str] | None = None
         self._lock = threading.Lock()
+        # Bumped by every clear(): a discovery that began under the apps before it (another
+        # thread's, reading the old INSTALLED_APPS) is used by its caller but never kept.
+        self._cleared = 0
 
     def _discover(self) -> dict[str, Script]:
         found: dict[str, Script] = {}
@@ -163,9 +166,12 @@ class Registry:
         scripts = self._scripts
         if scripts is None:
             with self._lock:
-                if self._scripts is None:
-                    self._scripts = self._discover()
                 scripts = self._scripts
+                if scripts is None:
+                    cleared = self._cleared
+                    scripts = self._discover()
+                    if cleared == self._cleared:
+                        self._scripts = scripts
         return scripts
 
     def get(self, name: str) -> Script:
@@ -183,6 +189,7 @@ class Registry:
             raise ScriptError(f"no script named {name!r} (known: {known})") from None
 
     def clear(self) -> None:
+        self._cleared += 1
         self._scripts = None
         self._library = None
 

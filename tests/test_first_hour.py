@@ -11,6 +11,7 @@ reaches a request as a 500.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,43 @@ def test_a_missing_app_is_named_at_first_use() -> None:
         with pytest.raises(LockUnavailable, match="INSTALLED_APPS"):
             Lock("first-hour", timeout=5).acquire()
     assert Lock("first-hour", timeout=5).acquire()  # installed again: everything works
+
+
+def test_a_discovery_begun_before_the_app_was_removed_is_not_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another thread (a lock's background withdrawal, say) finds the scripts while the app is
+    installed; the app is removed before that discovery ends: what it found is not kept, so
+    the next use still says the app is missing (this once let a test's requests be limited
+    with the app removed)."""
+    from django_redislua.scripts import AppNotInstalled, registry
+
+    found_old, go_on = threading.Event(), threading.Event()
+    discover = registry._discover
+
+    def discover_slowly() -> dict[str, object]:
+        found = discover()  # under the apps as they were
+        found_old.set()
+        go_on.wait(5)
+        return found  # type: ignore[return-value]
+
+    registry.clear()
+    monkeypatch.setattr(registry, "_discover", discover_slowly)
+    other: list[object] = []
+    thread = threading.Thread(target=lambda: other.append(registry.all()))
+    thread.start()
+    try:
+        assert found_old.wait(5)
+        with without_the_app():  # clears the registry (setting_changed)
+            go_on.set()
+            thread.join(5)
+            assert "django_redislua.lock_acquire" in other[0]  # its caller used what it found
+            with pytest.raises(AppNotInstalled):
+                get_script("django_redislua.lock_acquire")
+    finally:
+        go_on.set()
+        thread.join(5)
+    monkeypatch.undo()
+    assert get_script("django_redislua.lock_acquire")  # installed again: found again
 
 
 @pytest.mark.parametrize(("fail_open", "status"), [(True, 200), (False, 503)])
