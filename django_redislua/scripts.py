@@ -143,10 +143,10 @@ class Registry:
     def __init__(self) -> None:
         self._scripts: dict[str, Script] | None = None
         self._library: tuple[str, str] | None = None
-        self._lock = threading.Lock()
-        # Bumped by every clear(): a discovery that began under the apps before it (another
-        # thread's, reading the old INSTALLED_APPS) is used by its caller but never kept.
-        self._cleared = 0
+        # Held while the scripts or the library are found and while they are cleared: a clear
+        # (INSTALLED_APPS changed) waits for a discovery in progress under the old apps, then
+        # drops what it found. Reentrant: the library is built from all().
+        self._lock = threading.RLock()
 
     def _discover(self) -> dict[str, Script]:
         found: dict[str, Script] = {}
@@ -166,12 +166,9 @@ class Registry:
         scripts = self._scripts
         if scripts is None:
             with self._lock:
+                if self._scripts is None:
+                    self._scripts = self._discover()
                 scripts = self._scripts
-                if scripts is None:
-                    cleared = self._cleared
-                    scripts = self._discover()
-                    if cleared == self._cleared:
-                        self._scripts = scripts
         return scripts
 
     def get(self, name: str) -> Script:
@@ -189,9 +186,9 @@ class Registry:
             raise ScriptError(f"no script named {name!r} (known: {known})") from None
 
     def clear(self) -> None:
-        self._cleared += 1
-        self._scripts = None
-        self._library = None
+        with self._lock:
+            self._scripts = None
+            self._library = None
 
     def library(self) -> tuple[str, str]:
         """``(library name, source)`` of the versioned Redis Functions library of every script.
@@ -199,9 +196,16 @@ class Registry:
         The version is a digest of every script, so a rolling deploy can run old and new
         libraries side by side; function names carry it too, as Redis wants them unique.
         """
-        if self._library is not None:
+        library = self._library
+        if library is not None:
+            return library
+        with self._lock:
+            if self._library is None:
+                self._library = self._build_library(self.all())
             return self._library
-        scripts = self.all()
+
+    @staticmethod
+    def _build_library(scripts: dict[str, Script]) -> tuple[str, str]:
         digest = hashlib.sha1("".join(s.sha for s in scripts.values()).encode()).hexdigest()[:12]
         lib_name = f"{LIBRARY_PREFIX}{digest}"
         body = [f"#!lua name={lib_name}"]
@@ -215,8 +219,7 @@ class Registry:
                 f"do\n{prelude}\nredis.register_function('{function_name(script, lib_name)}', "
                 f"function(KEYS, ARGV)\n{per_call}\nend)\nend"
             )
-        self._library = (lib_name, "\n".join(body))
-        return self._library
+        return lib_name, "\n".join(body)
 
 
 registry = Registry()
