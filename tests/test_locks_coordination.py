@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 import redis
+from django.test import override_settings
 
+from django_redislua.connection import get_client, primary_nodes
 from django_redislua.locks import (
     Lock,
     LockNotOwned,
@@ -149,6 +151,37 @@ def test_run_once_waiting_duplicate_gives_up_after_wait_timeout() -> None:
         handler()
     finish.set()
     first.join(5)
+
+
+def test_run_once_a_slow_first_try_counts_against_wait_timeout() -> None:
+    """The wait_timeout is counted from the call: a first try delayed 0.5 s (every primary
+    paused) out of a 0.5 s wait leaves no wait after it (it was 1 s and more)."""
+    from tests.settings import REDISLUA as current  # the topology fixture may have changed it
+
+    started, finish = threading.Event(), threading.Event()
+
+    @run_once(key="slow-first-once", wait_timeout=0.5)
+    def handler() -> str:
+        started.set()
+        finish.wait(10)
+        return "done"
+
+    with override_settings(REDISLUA={**current, "SOCKET_TIMEOUT": 3.0,
+                                     "SOCKET_CONNECT_TIMEOUT": 3.0}):
+        first = threading.Thread(target=handler)
+        first.start()
+        try:
+            assert started.wait(5)
+            for _name, node in primary_nodes(get_client()):
+                node.client_pause(500)
+            began = time.monotonic()
+            with pytest.raises(RunInProgress):
+                handler()
+            took = time.monotonic() - began
+        finally:
+            finish.set()
+            first.join(10)
+    assert 0.45 <= took < 0.8, took
 
 
 def test_singleton_skips_while_another_instance_runs(

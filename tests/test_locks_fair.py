@@ -23,7 +23,7 @@ from django.test import override_settings
 from redis.client import PubSub
 
 from django_redislua.connection import get_client
-from django_redislua.locks import Lock, LockNotOwned, LockUnavailable
+from django_redislua.locks import Lock, LockNotOwned, LockUnavailable, Semaphore
 from django_redislua.locks.lock import _Wait
 from django_redislua.protocol import Mailbox
 from django_redislua.scripts import get_script
@@ -547,7 +547,7 @@ from django.core.management import call_command
 from django.test import override_settings
 from redis.client import PubSub
 from django_redislua.connection import get_client
-from django_redislua.locks import Lock, LockNotOwned, LockUnavailable
+from django_redislua.locks import Lock, LockNotOwned, LockUnavailable, Semaphore
 with override_settings(REDISLUA={**settings.REDISLUA, "LOCK_CLAIM_WINDOW": float(sys.argv[1])}):
     lock = Lock("proc", timeout=20)
     assert lock.acquire()
@@ -717,6 +717,79 @@ async def test_async_a_reentry_cancelled_in_flight_is_undone(where: str) -> None
     assert not await lock.alocked()
 
 
+# -- a slow first try is part of the wait ----------------------------------------------------
+
+PAUSE_MS = 500  # the first try waits this long on a paused server...
+LIMIT = 0.5  # ...out of a wait of this long: the deadline has passed when it returns
+# Bound on the whole wait: the limit, then at most the last try and the withdrawal (two quick
+# calls) and a loaded machine's scheduling. When the limit was counted from after the first try,
+# the wait took PAUSE_MS + LIMIT (1 s and more): a clean-clone CI run's lock chaos test saw a
+# wait end 0.85 s past its deadline (a 0.29 s first try behind a pause, then a socket timeout).
+WAIT_BOUND = 0.8
+
+
+def pause_owner(key: str) -> None:
+    client = get_client()
+    node = client.get_redis_connection(client.get_node_from_key(key)) \
+        if hasattr(client, "get_node_from_key") else client
+    node.client_pause(PAUSE_MS)
+
+
+@pytest.fixture
+def patient(where: str) -> Iterator[str]:
+    """The topology with socket timeouts past the pause: the first try is slow, not lost."""
+    with override_settings(REDISLUA={**settings.REDISLUA, "SOCKET_TIMEOUT": 3.0,
+                                     "SOCKET_CONNECT_TIMEOUT": 3.0}):
+        yield where
+
+
+def test_a_slow_first_try_counts_against_blocking_timeout(patient: str) -> None:
+    holder = Lock("slowfirst", timeout=30)
+    assert holder.acquire()
+    waiter = Lock("slowfirst", timeout=30)
+    assert waiter.locked()  # connected: the pause delays the try, not a connect
+    pause_owner(holder.keys.base)
+    started = time.monotonic()
+    assert not waiter.acquire(blocking_timeout=LIMIT)
+    took = time.monotonic() - started
+    assert PAUSE_MS / 1000 - 0.05 <= took < WAIT_BOUND, took
+    assert queued(holder) == 0
+    holder.release()
+
+
+async def test_async_a_slow_first_try_counts_against_blocking_timeout(patient: str) -> None:
+    holder = Lock("aslowfirst", timeout=30)
+    assert await holder.aacquire()
+    waiter = Lock("aslowfirst", timeout=30)
+    assert await waiter.alocked()  # connected: the pause delays the try, not a connect
+    pause_owner(holder.keys.base)
+    started = time.monotonic()
+    assert not await waiter.aacquire(blocking_timeout=LIMIT)
+    took = time.monotonic() - started
+    assert PAUSE_MS / 1000 - 0.05 <= took < WAIT_BOUND, took
+    await holder.arelease()
+
+
+@pytest.mark.parametrize("asyncio_", [False, True], ids=["sync", "async"])
+async def test_a_semaphores_slow_first_try_counts_against_blocking_timeout(
+        patient: str, asyncio_: bool) -> None:
+    holder, waiter = (Semaphore("slowsem", limit=1, timeout=30) for _ in range(2))
+    assert await asyncio.to_thread(waiter.acquire)  # connected, on both paths: the pause
+    await asyncio.to_thread(waiter.release)  # delays the try, not a connect
+    assert await waiter.aacquire()
+    await waiter.arelease()
+    assert await holder.aacquire()
+    pause_owner(holder.keys.base)
+    started = time.monotonic()
+    if asyncio_:
+        assert not await waiter.aacquire(blocking_timeout=LIMIT)
+    else:
+        assert not await asyncio.to_thread(waiter.acquire, blocking_timeout=LIMIT)
+    took = time.monotonic() - started
+    assert PAUSE_MS / 1000 - 0.05 <= took < WAIT_BOUND, took
+    await holder.arelease()
+
+
 # -- renewal ----------------------------------------------------------------------------------
 
 def test_auto_renew_rides_out_a_client_pause_across_the_first_renewal(where: str) -> None:
@@ -765,7 +838,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 import django
 django.setup()
 from django_redislua.connection import get_client
-from django_redislua.locks import Lock, LockNotOwned, LockUnavailable
+from django_redislua.locks import Lock, LockNotOwned, LockUnavailable, Semaphore
 client = get_client()
 lock = Lock("stopped", timeout=1, auto_renew=True,
             on_lost=lambda lock: client.set("on-lost-at", repr(time.monotonic())))

@@ -34,7 +34,7 @@ from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import Keys, keys_for
 from django_redislua.locks.lease import Lease, milliseconds, start_renewing, stop_renewing
 from django_redislua.locks.lock import LeaseLost, Lock, LockError, parse_wait
-from django_redislua.locks.waiting import until
+from django_redislua.locks.waiting import deadline_after, until
 from django_redislua.protocol import Call, Execute, Invoke, Protocol, performed, retried, undone
 from django_redislua.scripts import get_script
 from django_redislua.transport import arun, run
@@ -218,9 +218,10 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
             reply = yield Call(begin, begin.command([once.keys.base], once.args()))
             return once.read(reply)
 
+        deadline = deadline_after(limit)
         try:
             ready = (yield from attempt()) is None or (wait and (
-                yield from until(once.keys.channel, attempt, limit)))
+                yield from until(once.keys.channel, attempt, deadline)))
         except BaseException as exc:
             # The run may have become ours by a call whose reply never came: give it back.
             yield from undone(exc, giving_up(once), f"redislua-once:{once.keys.base}")

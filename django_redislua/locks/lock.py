@@ -50,7 +50,7 @@ from django_redislua.locks.lease import (
     start_renewing,
     stop_renewing,
 )
-from django_redislua.locks.waiting import LONGEST_SLEEP, until
+from django_redislua.locks.waiting import LONGEST_SLEEP, deadline_after, until
 from django_redislua.protocol import (
     Call,
     Execute,
@@ -136,7 +136,7 @@ class _Wait:
     def __init__(self, lock: Lock, limit: float | None) -> None:
         self.lock = lock
         self.id = secrets.token_hex(8)
-        self.deadline = None if limit is None else time.monotonic() + limit
+        self.deadline = deadline_after(limit)
         self.sent_at = 0.0
         self.inbox = ""  # the token of the inbox a hand-off to this wait is published to
         self.granted = False  # a hand-off to this wait was heard: the next try confirms it
@@ -397,7 +397,8 @@ class Lock:
         try:
             held = (yield from self._attempt(wait, False)) is None or (blocking and (
                 (yield from until(Inbox(self.keys.channel, inbox_prefix()),
-                                  lambda: self._attempt(wait, True), limit, wait.on_message,
+                                  lambda: self._attempt(wait, True), wait.deadline,
+                                  wait.on_message,
                                   wait.on_inbox))
                 or (yield from self._withdrawing(wait, "take"))))
         except BaseException as exc:

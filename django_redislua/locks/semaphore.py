@@ -18,7 +18,7 @@ from types import TracebackType
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.keys import keys_for
 from django_redislua.locks.lock import LockNotAcquired, LockNotOwned, lock_errors, parse_wait
-from django_redislua.locks.waiting import until
+from django_redislua.locks.waiting import deadline_after, until
 from django_redislua.protocol import Call, Protocol, interrupted, performed, retried, undone
 from django_redislua.scripts import get_script
 from django_redislua.transport import arun, run
@@ -75,9 +75,10 @@ class Semaphore:
         blocking = self.blocking if blocking is None else blocking
         limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
         permit = secrets.token_hex(16)
+        deadline = deadline_after(limit)
         try:
             granted = (yield from self._attempt(permit)) is None or (blocking and (
-                yield from until(self.keys.channel, lambda: self._attempt(permit), limit)))
+                yield from until(self.keys.channel, lambda: self._attempt(permit), deadline)))
         except BaseException as exc:
             # The permit may have been granted by a call whose reply never came: give it back.
             yield from undone(exc, self._giving_back(permit), f"redislua-permit:{self.name}")

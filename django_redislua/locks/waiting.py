@@ -84,14 +84,19 @@ def _verdict(message: Any, channel: str,
     return on_message(data.decode() if isinstance(data, bytes) else str(data))
 
 
-def until(channel: str | Inbox, attempt: Attempt, timeout: float | None,
+def deadline_after(timeout: float | None) -> float | None:
+    """The monotonic time a wait of ``timeout`` seconds (None: no limit) begun now ends at."""
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def until(channel: str | Inbox, attempt: Attempt, deadline: float | None,
           on_message: OnMessage | None = None,
           on_inbox: Callable[[Mailbox], None] | None = None) -> Protocol[bool]:
-    """Retry ``attempt`` on every wake-up until it succeeds (True) or ``timeout`` passes
-    (False). Subscribed for the whole wait (to ``channel``, or to the caller's own inbox, which
-    ``on_inbox`` is told before the first attempt); unsubscribed however it ends (a kept inbox
-    stays subscribed)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    """Retry ``attempt`` on every wake-up until it succeeds (True) or ``deadline`` (monotonic;
+    None: none) passes (False). The deadline is the caller's, taken before its first try: a
+    first try that was slow (Redis paused) is part of the wait, not added to it. Subscribed for
+    the whole wait (to ``channel``, or to the caller's own inbox, which ``on_inbox`` is told
+    before the first attempt); unsubscribed however it ends (a kept inbox stays subscribed)."""
     box: Mailbox | None = None
     if isinstance(channel, Inbox):
         box = yield channel
