@@ -820,12 +820,18 @@ def _handoff_context(rel: Release, horizon: float, waits: list[Wait], chaos: Cha
     return "", dead
 
 
-def test_locks_under_chaos(tmp_path: Path) -> None:
+HANDOFFS_WANTED = 8  # hand-offs checked (check 3) before the run counts as having tried them
+MOST_RUNS = 3  # a schedule heavy in pauses and restarts leaves few: another seed runs then
+
+
+def chaos_run(logdir: Path, seed: int) -> dict[str, Any]:
+    """One chaos run under ``seed``'s fault schedule: its figures, checked (violations listed,
+    not asserted)."""
     from django_redislua.conf import settings as redislua_settings
 
     began = now()
-    seed = int(os.environ.get("CHAOS_SEED", random.randrange(2**32)))
-    chaos = Chaos(tmp_path, seed)
+    logdir.mkdir()
+    chaos = Chaos(logdir, seed)
     try:
         for _ in range(WORKERS):
             chaos.spawn()
@@ -843,12 +849,26 @@ def test_locks_under_chaos(tmp_path: Path) -> None:
         chaos.close()
     figures["wall_seconds"] = round(now() - began, 1)
     print("\nchaos figures:", json.dumps(figures, indent=2))
-    FIGURES_PATH.write_text(json.dumps(figures, indent=2))
-    assert figures["operations"]["acquired"] >= 60, "too little lock work was done"
-    assert sum(figures["faults"].values()) >= 12, f"too few faults: {figures['faults']}"
-    assert figures["handoff"]["releases_checked"] >= 8, figures["handoff"]
-    assert not figures["violations"], json.dumps(figures["violations"], indent=2)
-    assert figures["wall_seconds"] < WALL_LIMIT
+    return figures
+
+
+def test_locks_under_chaos(tmp_path: Path) -> None:
+    """Every run's invariants hold; and enough hand-offs were checked in all (a random schedule
+    that paused or restarted Redis through most releases leaves too few in one run: seen once,
+    7 of 8, with 25 releases skipped as 'Redis paused or restarting'; another seed runs then)."""
+    seed = int(os.environ.get("CHAOS_SEED", random.randrange(2**32)))
+    runs: list[dict[str, Any]] = []
+    while len(runs) < MOST_RUNS and (not runs or sum(
+            f["handoff"]["releases_checked"] for f in runs) < HANDOFFS_WANTED):
+        figures = chaos_run(tmp_path / f"run{len(runs)}", seed + len(runs))
+        FIGURES_PATH.write_text(json.dumps(figures, indent=2))
+        runs.append(figures)
+        assert figures["operations"]["acquired"] >= 60, "too little lock work was done"
+        assert sum(figures["faults"].values()) >= 12, f"too few faults: {figures['faults']}"
+        assert not figures["violations"], json.dumps(figures["violations"], indent=2)
+        assert figures["wall_seconds"] < WALL_LIMIT
+    checked = [f["handoff"]["releases_checked"] for f in runs]
+    assert sum(checked) >= HANDOFFS_WANTED, [f["handoff"] for f in runs]
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
