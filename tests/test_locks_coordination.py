@@ -23,6 +23,7 @@ from django_redislua.locks import (
     single_flight,
     singleton,
 )
+from tests.test_lost_replies import PATIENT
 
 pytestmark = pytest.mark.topologies
 
@@ -166,8 +167,7 @@ def test_run_once_a_slow_first_try_counts_against_wait_timeout() -> None:
         finish.wait(10)
         return "done"
 
-    with override_settings(REDISLUA={**current, "SOCKET_TIMEOUT": 3.0,
-                                     "SOCKET_CONNECT_TIMEOUT": 3.0}):
+    with override_settings(REDISLUA={**current, **PATIENT}):
         first = threading.Thread(target=handler)
         first.start()
         try:

@@ -29,6 +29,7 @@ from django_redislua.protocol import Mailbox
 from django_redislua.scripts import get_script
 from django_redislua.testing import CommandRecorder
 from django_redislua.transport import arun, run
+from tests.test_lost_replies import PATIENT, owner_of
 
 WINDOW = 0.3  # the claim window these tests run with (the default is 1 s)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,6 +46,14 @@ def where(request: pytest.FixtureRequest) -> Iterator[str]:
     with override_settings(REDISLUA={"CONNECTION": cluster.url, "LOCK_CLAIM_WINDOW": WINDOW}):
         get_client().flushall()
         yield "cluster"
+
+
+@pytest.fixture
+def patient(where: str) -> Iterator[str]:
+    """The topology with timeouts a loaded machine cannot reach (``PATIENT``), for tests of
+    what happens, not of how long it may take."""
+    with override_settings(REDISLUA={**settings.REDISLUA, **PATIENT}):
+        yield where
 
 
 def queued(lock: Lock) -> int:
@@ -661,28 +670,25 @@ def test_a_hand_off_at_the_deadline_is_taken_by_the_withdrawal(where: str) -> No
     heir.release()
 
 
-async def test_async_cancelled_waiters_leave_no_registration(where: str) -> None:
-    # Timeouts a loaded machine cannot reach: three waiters connecting at once on an event loop
-    # starved past the default 0.5 s failed one of them (a clean-clone CI run on the cluster:
-    # it never queued). What is tested is the withdrawal, not the timeouts.
-    with override_settings(REDISLUA={**settings.REDISLUA, "SOCKET_TIMEOUT": 5.0,
-                                     "SOCKET_CONNECT_TIMEOUT": 5.0}):
-        holder = Lock("ac", timeout=30)
-        assert await holder.aacquire()
-        tasks = [asyncio.ensure_future(Lock("ac", timeout=30).aacquire()) for _ in range(3)]
+async def test_async_cancelled_waiters_leave_no_registration(patient: str) -> None:
+    # Patient: three waiters connecting at once on an event loop paused past the default 0.5 s
+    # failed one of them (a clean-clone CI run on the cluster: it never queued).
+    holder = Lock("ac", timeout=30)
+    assert await holder.aacquire()
+    tasks = [asyncio.ensure_future(Lock("ac", timeout=30).aacquire()) for _ in range(3)]
 
-        def all_queued() -> bool:
-            ended = [task for task in tasks if task.done()]
-            assert not ended, [task.exception() for task in ended]  # a waiter failed: why
-            return queued(holder) == 3
+    def all_queued() -> bool:
+        ended = [task for task in tasks if task.done()]
+        assert not ended, [task.exception() for task in ended]  # a waiter failed: why
+        return queued(holder) == 3
 
-        await auntil(all_queued)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await auntil(lambda: queued(holder) == 0)  # the background withdrawals
-        await holder.arelease()
-        assert not await holder.alocked()
+    await auntil(all_queued)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await auntil(lambda: queued(holder) == 0)  # the background withdrawals
+    await holder.arelease()
+    assert not await holder.alocked()
 
 
 async def test_async_a_cancelled_heir_passes_its_claim_on_at_once(where: str) -> None:
@@ -729,18 +735,7 @@ WAIT_BOUND = 0.8
 
 
 def pause_owner(key: str) -> None:
-    client = get_client()
-    node = client.get_redis_connection(client.get_node_from_key(key)) \
-        if hasattr(client, "get_node_from_key") else client
-    node.client_pause(PAUSE_MS)
-
-
-@pytest.fixture
-def patient(where: str) -> Iterator[str]:
-    """The topology with socket timeouts past the pause: the first try is slow, not lost."""
-    with override_settings(REDISLUA={**settings.REDISLUA, "SOCKET_TIMEOUT": 3.0,
-                                     "SOCKET_CONNECT_TIMEOUT": 3.0}):
-        yield where
+    owner_of(key).client_pause(PAUSE_MS)
 
 
 def test_a_slow_first_try_counts_against_blocking_timeout(patient: str) -> None:
