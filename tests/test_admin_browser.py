@@ -228,3 +228,55 @@ def test_block_an_identity_from_the_keys_tab_then_clear_it(page: Any, live_serve
     assert [who for who, _what in entries] == ["ops", "ops"]
     assert "block" in entries[0][1] and "credential stuffing" in entries[0][1]
     assert "Cleared the override" in entries[1][1]
+
+
+def test_the_keys_table_fits_1280_px_and_identities_never_wrap_mid_string(
+        admin_user: User, live_server: Any, tmp_path: Path) -> None:
+    """Issue 35: at 1280 x 800 the keys table overflowed its box (the "Block 1 h" button was cut
+    off) and an identity broke mid-string ("127.0.|0.1"). Every row's buttons lie inside the
+    table's visible area, nothing scrolls sideways, and each identity and key is one line: whole
+    when it fits, cut with an ellipsis otherwise, the whole of it in its title."""
+    expect = sync_api.expect
+    get_policy("login").hit("127.0.0.1")
+    get_policy("login").hit("2001:db8:85a3::8a2e:370:7334")  # longer than the column
+    get_policy("login").hit("a visitor with a very long, unsafe identity " + "x" * 40)  # digest
+    get_policy("api").hit("user:42", cost=14)
+    get_policy("export").hit("user:42")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.set_default_timeout(10_000)
+            _log_in(page, live_server, "/admin/django_redislua/redislua/")
+            expect(page.locator("tr[data-key]")).to_have_count(5)
+            _shoot(page, tmp_path, "admin-keys-1280.png")
+            results = page.locator("#changelist .results")
+            box = results.bounding_box()
+            assert box is not None
+            left, right = box["x"], min(box["x"] + box["width"], 1280)
+            for row in page.locator("tr[data-key]").all():
+                for part in (".redislua-identity", ".redislua-key"):
+                    text = row.locator(part)
+                    assert text.evaluate(LINES) == 1, (text.text_content(), "wraps")
+                    assert text.get_attribute("title") == text.text_content()
+                for name in ("Reset", "Block 1 h"):
+                    button = row.get_by_role("link", name=name).bounding_box()
+                    assert button is not None
+                    assert left <= button["x"] and button["x"] + button["width"] <= right, (
+                        row.get_attribute("data-key"), name, button, box)
+            overflow = results.evaluate("e => e.scrollWidth - e.clientWidth")
+            assert overflow <= 0, f"the keys table is {overflow} px wider than its box"
+            ip = page.locator("tr[data-key='rl:login:sl:{127.0.0.1}'] .redislua-identity")
+            assert ip.evaluate("e => e.scrollWidth <= e.clientWidth")  # whole, not cut
+            digest = page.locator("tr[data-key^='rl:login:sl:{#'] .redislua-identity")
+            assert digest.evaluate("e => e.scrollWidth <= e.clientWidth")  # 23 characters fit
+        finally:
+            browser.close()
+
+
+# The lines a text element's characters are laid out on (a Range has one box per line part).
+LINES = """e => {
+    const range = document.createRange();
+    range.selectNodeContents(e);
+    return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size;
+}"""
