@@ -37,7 +37,7 @@ from django_redislua.request_layer import (
 from django_redislua.transport import arun, run
 
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
-INLINE_OPTIONS = ("rate", "algorithm", "burst", "limit", "timeout")
+INLINE_OPTIONS = ("rate", "algorithm", "burst", "limit", "timeout", "fallback_rate", "normalize")
 _STACK_ATTR = "_redislua_stack"
 _DONE_ATTR = "_redislua_done"
 
@@ -259,7 +259,8 @@ def _unknown_arguments(unknown: dict[str, Any]) -> str:
             hints.append(f"{name}= is called {known}= here")
         else:
             hints.append(f"{name}= is not an argument of ratelimit()")
-    arguments = "policy, rate, key, algorithm, methods, block, cost, burst, limit, timeout, group"
+    arguments = ("policy, rate, key, algorithm, methods, block, cost, burst, limit, timeout, "
+                 "fallback_rate, normalize, group")
     return f"ratelimit(): {'; '.join(hints)}. Its arguments: {arguments}."
 
 
@@ -275,6 +276,8 @@ def ratelimit(
     burst: int | None = None,
     limit: int | None = None,
     timeout: float | str | None = None,
+    fallback_rate: str | None = None,
+    normalize: bool | None = None,
     group: str | None = None,
     **unknown: Any,
 ) -> Callable[[ViewT], ViewT]:
@@ -302,6 +305,7 @@ def ratelimit(
     given = {
         "rate": rate, "key": key, "algorithm": algorithm, "methods": methods, "block": block,
         "cost": cost, "burst": burst, "limit": limit, "timeout": timeout,
+        "fallback_rate": fallback_rate, "normalize": normalize,
     }
     options = {k: v for k, v in given.items() if v is not None}
     if policy is None:

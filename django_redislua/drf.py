@@ -360,8 +360,8 @@ class PolicyThrottle(BaseThrottle):
         self.blocking: list[Decision] = []
 
     def get_rules(self, request: Request, view: APIView) -> tuple[list[Rule], list[Check], bool]:
-        """The rules of the view's policies that apply, their checks, and whether any of the
-        view's policies cannot be used."""
+        """The rules of the view's policies that apply, their checks, and whether the request
+        must be refused (503: see :func:`~django_redislua.request_layer.checks_for`)."""
         names = getattr(view, self.policy_attr, None) or ()
         if isinstance(names, str):
             names = [names]
@@ -372,8 +372,8 @@ class PolicyThrottle(BaseThrottle):
         self.decisions, self.blocking = [], []
         if not settings.ENABLED:
             return True
-        rules, checks, broken = self.get_rules(request, view)
-        if broken and not settings.FAIL_OPEN:
+        rules, checks, refuse = self.get_rules(request, view)
+        if refuse:
             raise _unavailable(view)
         if not checks:
             return True

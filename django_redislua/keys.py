@@ -2,7 +2,11 @@
 
 Key specs: ``"ip"``, ``"user"``, ``"user_or_ip"``, ``"header:<name>"``, ``"get:<param>"``,
 ``"post:<param>"``, a callable ``(request) -> str | None`` or its dotted path. ``None`` from a
-key means "not limited". Values are bounded before they reach a Redis key (see
+key callable means "not limited" (and from ``user``, an anonymous request); a request that lacks
+the value a ``get:``/``post:``/``header:`` key reads is limited under the one shared identity
+:data:`~django_redislua.limiting.identity.ABSENT`, never skipped. ``post:<param>`` reads the
+field wherever the request carries it: a form, DRF's parsed ``request.data``, a JSON object
+body (bounded: see :func:`body_field`). Values are bounded before they reach a Redis key (see
 :func:`django_redislua.limiting.identity.bound_identity`).
 """
 
@@ -10,13 +14,17 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable
+import json
+import unicodedata
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.http import HttpRequest
 
 from django_redislua.conf import settings
 from django_redislua.limiting.decision import PolicyError
+from django_redislua.limiting.identity import ABSENT
 from django_redislua.limiting.policy import resolve_callable
 from django_redislua.reporting import report_unknown_address
 
@@ -129,21 +137,100 @@ def _header(name: str) -> KeyFunc:
     if name.lower().replace("_", "-") == "content-type":
         meta = "CONTENT_TYPE"
 
-    def key(request: HttpRequest) -> str | None:
-        return request.META.get(meta) or None
+    def key(request: HttpRequest) -> str:
+        return request.META.get(meta) or ABSENT
 
     return key
 
 
+# A JSON body is parsed for a post:<param> key only up to this size (when Django's
+# DATA_UPLOAD_MAX_MEMORY_SIZE is None; else up to that): a larger one is not read at all and
+# its request counts as one that lacks the field (limited under ABSENT), so a huge body costs a
+# decision no work. Django refuses to read bodies above DATA_UPLOAD_MAX_MEMORY_SIZE anyway.
+JSON_BODY_LIMIT = 2_621_440
+_JSON_TYPES = ("application/json",)
+
+
+def _is_json(content_type: str) -> bool:
+    return content_type in _JSON_TYPES or (
+        content_type.startswith("application/") and content_type.endswith("+json"))
+
+
+def field_text(value: object) -> str | None:
+    """A body field's value as an identity: text as it is; a number or a boolean as JSON
+    writes it (``42`` and ``"42"`` are one identity); a list or an object as its canonical
+    JSON (bounded later like any value); None for null or an empty string."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape") or None
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return str(value)
+
+
+def body_field(request: HttpRequest, name: str) -> str | None:
+    """The field ``name`` of ``request``'s body, wherever it carries it, or None.
+
+    - DRF's ``Request`` (a throttle, or a key read inside an API view): DRF's parsed
+      ``request.data``, so every parser the view accepts (JSON, form, multipart). A body DRF
+      cannot parse raises DRF's own ParseError (its 400), as the view would; one nested too
+      deep for its JSON parser (a RecursionError, which DRF would answer 500) has no field.
+    - A form (urlencoded or multipart): ``request.POST`` (Django's limits apply).
+    - A JSON body (``application/json``, ``application/*+json``): parsed when its declared
+      length is at most ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (:data:`JSON_BODY_LIMIT` when that is
+      None); a body that is larger, not UTF-8, not JSON, too deeply nested or not an object
+      has no field.
+    """
+    if not isinstance(request, HttpRequest):  # DRF's Request wraps one; it is not one
+        try:
+            data = request.data
+        except RecursionError:  # DRF's JSONParser lets it out (a 500); its data is then empty
+            return None
+        return field_text(data.get(name)) if isinstance(data, Mapping) else None
+    content_type = request.content_type or ""
+    if not _is_json(content_type):
+        return field_text(request.POST.get(name))
+    limit = getattr(django_settings, "DATA_UPLOAD_MAX_MEMORY_SIZE", None) or JSON_BODY_LIMIT
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return None
+    if length <= 0 or length > limit:
+        return None
+    try:
+        data = json.loads(request.body)  # bytes: UTF-8 (or -16/-32 with a BOM), else ValueError
+    except (ValueError, RecursionError):
+        return None
+    return field_text(data.get(name)) if isinstance(data, dict) else None
+
+
 def _param(source: str, name: str) -> KeyFunc:
-    def key(request: HttpRequest) -> str | None:
-        data = request.GET if source == "get" else request.POST
-        return data.get(name) or None
+    if source == "get":
+        def key(request: HttpRequest) -> str:
+            return request.GET.get(name) or ABSENT
+    else:
+        def key(request: HttpRequest) -> str:
+            return body_field(request, name) or ABSENT
 
     return key
 
 
 _NAMED: dict[str, KeyFunc] = {"ip": _ip, "user": _user, "user_or_ip": _user_or_ip}
+
+
+def normalized(identity: str | bytes | int) -> str | bytes | int:
+    """A policy's ``"normalize": True``: one identity for one person however they type it.
+    Unicode NFKC (full-width and composed forms), surrounding whitespace stripped, case folded:
+    ``"Mallory "``, ``"MALLORY"`` and the full-width ``"MALLORY"`` are ``"mallory"``. A value
+    that is empty after it is the shared absent identity. Other than text is kept as it is."""
+    if not isinstance(identity, str) or identity is ABSENT:
+        return identity
+    text = unicodedata.normalize("NFKC", identity[:4096]).strip().casefold()
+    return text or ABSENT
 
 
 def key_function(spec: Any) -> KeyFunc:

@@ -5,10 +5,12 @@ decides them in ONE script call, and answers: the view runs, a 429 (``DENIED_VIE
 It holds the one FAIL_OPEN guard, which knows every way the Redis client can fail
 (:data:`~django_redislua.connection.CLIENT_ERRORS`) and every way a rule can be unusable
 (a :class:`~django_redislua.limiting.PolicyError`: an unknown policy name, a broken policy in
-settings, a rate callable returning something that is not a rate). Both follow
-``REDISLUA["FAIL_OPEN"]``: the rule is skipped (and logged) or the request is answered 503.
-Configuration mistakes are reported at start-up by the system checks; this is what a request
-meets when a deployment ignored them. Nothing here answers 500.
+settings). Both follow ``REDISLUA["FAIL_OPEN"]``: the rule is skipped (and logged) or the
+request is answered 503. A rate callable's mistake (it raised, or returned what is not a rate)
+is not a Redis failure and never makes a limit unlimited: the request is decided at the
+policy's ``fallback_rate``, or answered 503 (logged with the policy, the callable and what it
+did). Configuration mistakes are reported at start-up by the system checks; this is what a
+request meets when a deployment ignored them. Nothing here answers 500.
 """
 
 from __future__ import annotations
@@ -26,14 +28,19 @@ from django_redislua import metrics, reporting
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.headers import rate_limit_headers
-from django_redislua.keys import KeyFunc, key_function
+from django_redislua.keys import KeyFunc, key_function, normalized
 from django_redislua.limiting.decision import Decision, PolicyError, RateLimited
 from django_redislua.limiting.engine import Check, PartlyDecided, evaluation, releasing
-from django_redislua.limiting.policy import Policy, check_cost
+from django_redislua.limiting.policy import Policy, RateCallableError, check_cost
 from django_redislua.limiting.registry import get_policy
 from django_redislua.problem import quota_exceeded_response
 from django_redislua.protocol import Invoke, Protocol
-from django_redislua.reporting import report_broken, report_outage, report_shadow_denial
+from django_redislua.reporting import (
+    report_broken,
+    report_outage,
+    report_rate_callable,
+    report_shadow_denial,
+)
 from django_redislua.signals import rate_limited
 from django_redislua.transport import arun, run
 
@@ -54,25 +61,28 @@ class Rule:
     def check(self, request: HttpRequest) -> Check | None:
         """The engine check for ``request``, or None when this rule does not apply to it.
 
-        PolicyError when a rate callable returns something that is not a rate.
+        A rate callable's mistake is logged here and decided at the policy's
+        ``fallback_rate``; without one it raises :class:`RateCallableError` (answered 503).
         """
         if self.methods is not None and request.method not in self.methods:
             return None
         policy = self.policy
         if policy.is_dynamic:
-            rate = policy.rate_for(request)
-            if rate is None:  # the rate callable says: unlimited (e.g. for staff)
+            try:
+                resolved = policy.resolved_for(request)
+            except RateCallableError as exc:
+                report_rate_callable(exc)
+                if exc.fallback is None:
+                    raise
+                resolved = exc.fallback
+            if resolved is None:  # the rate callable says: unlimited (e.g. for staff)
                 return None
-            if not isinstance(rate, str):
-                raise PolicyError(
-                    "redislua.E006",
-                    f"policy {policy.name!r}: the rate callable returned {rate!r:.80}, "
-                    "not a rate string or None",
-                )
-            policy = policy.with_rate(rate)
-        identity = self.key(request)
-        if identity is None:  # the key says: not limited
+            policy = resolved
+        identity: str | bytes | int | None = self.key(request)
+        if identity is None:  # the key callable says: not limited
             return None
+        if policy.normalize:
+            identity = normalized(identity)
         return (policy, identity, self.cost)
 
 
@@ -136,23 +146,28 @@ NOTHING = Outcome((), ())  # no rule applied (or REDISLUA["ENABLED"] is False)
 def checks_for(
     request: HttpRequest, rules: Iterable[RuleOrError]
 ) -> tuple[list[Rule], list[Check], bool]:
-    """The rules that apply, their checks, and whether any rule was unusable (logged here)."""
-    applied, checks, broken = [], [], False
+    """The rules that apply, their checks, and whether the request must be answered 503: a
+    rule is unusable (logged here) and ``FAIL_OPEN`` is False, or a rate callable made a
+    mistake with no ``fallback_rate`` to decide at (whatever ``FAIL_OPEN`` says: a broken rate
+    callable never makes a limit silently unlimited). A shadow rule never refuses a request."""
+    applied, checks, refuse = [], [], False
     for rule in rules:
         if not isinstance(rule, PolicyError):
             try:
                 check = rule.check(request)
+            except RateCallableError:  # logged by Rule.check
+                refuse = refuse or not rule.policy.shadow
             except PolicyError as exc:
                 report_broken(exc)
-                broken = broken or not rule.policy.shadow  # a shadow rule never answers 503
+                refuse = refuse or (not rule.policy.shadow and not settings.FAIL_OPEN)
             else:
                 if check is not None:
                     applied.append(rule)
                     checks.append(check)
             continue
         report_broken(rule)
-        broken = True
-    return applied, checks, broken
+        refuse = refuse or not settings.FAIL_OPEN
+    return applied, checks, refuse
 
 
 def soft_indexes(rules: Sequence[Rule]) -> frozenset[int]:
@@ -197,11 +212,11 @@ def _begin(
     request: HttpRequest, rules: Iterable[RuleOrError]
 ) -> tuple[list[Rule], list[Check]] | Outcome:
     """The checks to send, or the Outcome already known: nothing when ``ENABLED`` is False
-    (no key function runs, Redis is not asked), 503 for a broken rule with FAIL_OPEN off."""
+    (no key function runs, Redis is not asked), 503 when :func:`checks_for` says so."""
     if not settings.ENABLED:
         return NOTHING
-    applied, checks, broken = checks_for(request, rules)
-    if broken and not settings.FAIL_OPEN:
+    applied, checks, refuse = checks_for(request, rules)
+    if refuse:
         return UNAVAILABLE
     return applied, checks
 

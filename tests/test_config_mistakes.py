@@ -1,6 +1,8 @@
 """Every configuration mistake a deployment can make: `manage.py check` names it by id, and no
 request path raises (gunicorn runs no checks, so a mistake that slips through meets the
-FAIL_OPEN guard: the broken rule is skipped and logged, or the request is answered 503)."""
+FAIL_OPEN guard: the broken rule is skipped and logged, or the request is answered 503; a
+rate callable's mistake, which no check can see, is answered 503 or decided at the policy's
+fallback_rate)."""
 
 from __future__ import annotations
 
@@ -74,9 +76,15 @@ def test_no_request_path_raises_fail_open(route: str, caplog: pytest.LogCaptureF
     client = Client(raise_request_exception=True)
     with BROKEN_URLS, caplog.at_level("ERROR", logger="django_redislua"):
         statuses = [client.get(route).status_code for _ in range(3)]
-    assert statuses == [200, 200, 200]
     errors = [r for r in caplog.records if r.name == "django_redislua"]
     assert len(errors) == 1 and "redislua.E0" in errors[0].getMessage()  # once, not per request
+    if route == "/garbage-rate/":
+        # A rate callable's mistake is not skipped, even failing open: never silently
+        # unlimited (issue 35; tests/test_rate_callables.py tries every layer).
+        assert statuses == [503, 503, 503]
+        assert "_garbage_rate returned ['not', 'a', 'rate']" in errors[0].getMessage()
+        return
+    assert statuses == [200, 200, 200]
 
 
 @pytest.mark.parametrize("route", ROUTES)

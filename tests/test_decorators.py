@@ -76,10 +76,18 @@ def test_key_types(
 
 
 def test_key_none_is_not_limited(client: Client) -> None:
-    # No header / no parameter / anonymous user: the key is None, the view is not limited.
-    for url in ("/rl/by-header/", "/rl/by-get/", "/rl/by-callable-key/", "/rl/by-user/"):
+    # A key callable giving None, or the user key for an anonymous request: not limited.
+    for url in ("/rl/by-callable-key/", "/rl/by-user/"):
         assert codes(client, url, 4) == [200] * 4, url
         assert "RateLimit" not in client.get(url)
+
+
+def test_a_missing_value_is_limited_under_one_shared_identity(client: Client) -> None:
+    # No header / no parameter: never a way around the limit (issue 35); every such request
+    # shares one budget (tests/test_request_values.py tries every layer and body form).
+    for url in ("/rl/by-header/", "/rl/by-get/", "/rl/by-post/"):
+        method = "post" if "post" in url else "get"
+        assert codes(client, url, 3, method=method) == [200, 200, 429], url
 
 
 def test_post_key(client: Client) -> None:

@@ -431,9 +431,10 @@ def test_policy_throttle_methods_key_and_dynamic_rate() -> None:
         assert statuses(login, 3) == [200] * 3  # GET is not limited
         assert statuses(login, 2, method="post") == [200, 429]
         keyed = view_with(drf.PolicyThrottle, throttle_policy="perhead")
-        assert statuses(keyed, 3) == [200] * 3  # no key: not limited
         assert statuses(keyed, 3, HTTP_X_API_KEY="gold") == [200] * 3  # rate None: unlimited
         assert statuses(keyed, 3, HTTP_X_API_KEY="k1") == [200, 200, 429]
+        # no header: limited under the one shared absent identity, never skipped (issue 35)
+        assert statuses(keyed, 3) == [200, 200, 429]
 
 
 def rate_by_header(request: Request) -> str | None:

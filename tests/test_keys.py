@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from django_redislua.keys import client_ip, key_function
 from django_redislua.limiting import PolicyError, get_policy
-from django_redislua.limiting.identity import bound_identity
+from django_redislua.limiting.identity import ABSENT, bound_identity
 from tests.settings import REDISLUA
 
 rf = RequestFactory()
@@ -145,7 +145,9 @@ def test_param_and_header_keys() -> None:
     assert key_function("header:x_api_key")(request) == "k1"
     assert key_function("get:q")(request) == "find"
     assert key_function("post:email")(request) == "a@x"
-    assert key_function("get:missing")(request) is None
+    assert key_function("get:missing")(request) is ABSENT  # limited together, never skipped
+    assert key_function("post:missing")(request) is ABSENT
+    assert key_function("header:x-missing")(request) is ABSENT
     assert key_function("header:content-type")(request).startswith("multipart/form-data")
 
 

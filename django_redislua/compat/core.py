@@ -29,7 +29,7 @@ from django.utils.module_loading import import_string
 from django_redislua import metrics, reporting
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
-from django_redislua.keys import client_ip
+from django_redislua.keys import body_field, client_ip
 from django_redislua.limiting.decision import Decision
 from django_redislua.limiting.engine import evaluation
 from django_redislua.limiting.policy import Policy
@@ -129,7 +129,9 @@ SIMPLE_KEYS: dict[str, Callable[[HttpRequest], str]] = {
 }
 ACCESSOR_KEYS: dict[str, Callable[[HttpRequest, str], str]] = {
     "get": lambda r, k: str(r.GET.get(k, "")),
-    "post": lambda r, k: str(r.POST.get(k, "")),
+    # The field wherever the request carries it (a form, a JSON body, DRF's request.data);
+    # django-ratelimit reads request.POST only, so every JSON request shared the key "".
+    "post": lambda r, k: body_field(r, k) or "",
     "header": _header,
 }
 

@@ -17,13 +17,28 @@ MAX_IDENTITY = 64
 _DIGEST = re.compile(r"#[A-Za-z0-9_-]{22}")
 
 
+# The identity of every request that lacks the value a ``get:``, ``post:`` or ``header:`` key
+# reads (no such field, an empty one, a JSON null): they share one quota, so leaving a field
+# out is never a way around a limit (django-ratelimit keys them all as ""). A kept identity
+# never starts with "#" (such values become digests), and only this object is kept as
+# "#absent": a request that sends the text "#absent" gets a digest, not the shared identity.
+class _Absent(str):
+    __slots__ = ()
+
+
+ABSENT_TEXT = "#absent"
+ABSENT: str = _Absent(ABSENT_TEXT)
+
+
 def _digest(data: bytes) -> str:
     return "#" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()[:16]).decode()[:22]
 
 
 def is_bound(value: str) -> bool:
-    """True when ``value`` is an identity's key form: kept as it is, or a digest."""
-    return bound_identity(value) == value or _DIGEST.fullmatch(value) is not None
+    """True when ``value`` is an identity's key form: kept as it is, a digest, or the shared
+    identity of absent values (:data:`ABSENT`)."""
+    return (bound_identity(value) == value or _DIGEST.fullmatch(value) is not None
+            or value == ABSENT_TEXT)
 
 
 def bound_identity(value: str | bytes | int) -> str:
@@ -48,4 +63,6 @@ def bound_identity(value: str | bytes | int) -> str:
     if (0 < len(text) <= MAX_IDENTITY and text.isascii() and text.isprintable()
             and text[0] != "#" and " " not in text and "{" not in text and "}" not in text):
         return text
+    if text.__class__ is _Absent:
+        return ABSENT_TEXT
     return _digest(text.encode("utf-8", "surrogatepass"))

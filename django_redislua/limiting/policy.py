@@ -39,7 +39,8 @@ DEFAULT_CONCURRENCY_TIMEOUT = 60.0
 # Options a policy in REDISLUA["POLICIES"] may have. `key`, `methods` and `block` are read by the
 # Django layers; the core stores them untouched.
 POLICY_OPTIONS = frozenset(
-    {"algorithm", "rate", "burst", "limit", "timeout", "key", "methods", "cost", "block", "mode"}
+    {"algorithm", "rate", "burst", "limit", "timeout", "key", "methods", "cost", "block", "mode",
+     "fallback_rate", "normalize"}
 )
 # "enforce": the Django layers deny what the policy denies. "shadow": decided, counted and
 # signalled exactly the same, but never blocks a request and sets no headers (a dry run).
@@ -103,6 +104,8 @@ class Policy:
         cost: int = 1,
         block: bool = True,
         mode: str = ENFORCE,
+        fallback_rate: str | None = None,
+        normalize: bool = False,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise PolicyError(
@@ -134,6 +137,12 @@ class Policy:
         self.methods = _methods(name, methods)
         self.cost = _positive_int(cost, "redislua.E010", f"policy {name!r}: cost")
         self.block = bool(block)
+        if not isinstance(normalize, bool):
+            raise PolicyError(
+                "redislua.E011", f"policy {name!r}: normalize must be True or False, not "
+                f"{normalize!r:.40}")
+        self.normalize = normalize
+        self.fallback_rate: str | None = None
         self.rate_spec: RateSpec = rate
         self.rate: Rate | None = None
         self.timeout: float | None = None
@@ -193,6 +202,16 @@ class Policy:
             self._rate_callable = resolve_callable(rate, "redislua.E006", f"policy {name!r}: rate")
             self.limit = 0
             self.param = 0
+            if fallback_rate is not None:
+                self.fallback_rate = fallback_rate
+                _derived(self, fallback_rate)  # a PolicyError (E006) now, not per request
+            return
+        if fallback_rate is not None:
+            raise PolicyError(
+                "redislua.E006",
+                f"policy {name!r}: fallback_rate is the rate a rate callable's mistake falls back "
+                "to; this policy's rate is not a callable",
+            )
 
     def _set_rate(self, rate: Rate, *, fixed: bool = True) -> None:
         """``fixed``: the rate is the policy's own (a cost above it is a mistake), not one a
@@ -247,6 +266,35 @@ class Policy:
         if self._rate_callable is None:
             return str(self.rate_spec) if self.algorithm != "concurrency" else None
         return self._rate_callable(*args)
+
+    def resolved_for(self, *args: Any) -> Policy | None:
+        """This policy at the rate its callable gives for ``args`` (a request): None when the
+        callable says unlimited (None). A mistake of the callable (it raised, or gave
+        something that is not a rate) raises :class:`RateCallableError` carrying the policy
+        at ``fallback_rate``, or None without one (the request layer then answers 503: never
+        unlimited)."""
+        try:
+            rate = self.rate_for(*args)
+        except Exception as exc:  # the callable is the user's code: any mistake of it
+            what = f"raised {type(exc).__name__}: {str(exc)[:200]}"
+            raise RateCallableError(self, what) from exc
+        if rate is None:
+            return None
+        try:
+            if not isinstance(rate, str):
+                raise RateError("not a string")
+            return self.with_rate(rate)
+        except (RateError, PolicyError) as exc:
+            what = f"returned {rate!r:.80}, which is not a rate (\"N/unit\") or None ({exc})"
+            raise RateCallableError(self, what) from None
+
+    @property
+    def callable_name(self) -> str:
+        """The rate callable's dotted name, for log lines."""
+        spec = self.rate_spec
+        if isinstance(spec, str):
+            return spec
+        return f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
 
     def with_rate(self, rate: str) -> Policy:
         """This policy with a concrete rate (cached per rate string); same name, same keys."""
@@ -314,6 +362,23 @@ class Policy:
 
     def aslot(self, key: str | bytes | int) -> engine.Slot:
         return engine.aslot(self, key)
+
+
+class RateCallableError(PolicyError):
+    """A policy's rate callable made a mistake for one request (it raised, or returned what is
+    not a rate). ``fallback`` is the policy at its ``fallback_rate``, or None."""
+
+    def __init__(self, policy: Policy, what: str) -> None:
+        fallback = policy.with_rate(policy.fallback_rate) if policy.fallback_rate else None
+        then = (f"decided at its fallback_rate {policy.fallback_rate!r}" if fallback is not None
+                else "answered 503 (set the policy's fallback_rate to decide at a rate instead)")
+        super().__init__(
+            "redislua.E006",
+            f"policy {policy.name!r}: its rate callable {policy.callable_name} {what}; "
+            f"requests it covers are {then}",
+        )
+        self.policy = policy
+        self.fallback = fallback
 
 
 def check_cost(policy: Policy, cost: int) -> None:
