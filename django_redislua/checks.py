@@ -74,6 +74,9 @@ FIXES = {
                      "environment, or None for staff sessions only.",
     "redislua.E028": "Use \"text\" (the default: \"Too Many Requests\") or \"problem\" "
                      "(RFC 9457 application/problem+json).",
+    "redislua.E029": "Name the policy on the view: throttle_policy = \"api\" (a name or a "
+                     "list); or take PolicyThrottle out of its throttle_classes "
+                     "(throttle_policy = None says no policy on purpose).",
 }
 
 
@@ -386,6 +389,85 @@ def _drf_throttles() -> list[CheckMessage]:
     return messages
 
 
+def _unnamed_policies() -> list[CheckMessage]:
+    """A routed DRF view listing PolicyThrottle (or a subclass) in its own throttle_classes
+    without the attribute naming its policies: every request passes, silently (a misspelled
+    ``throttle_policies``, or an ``@api_view`` function, which has no way to set it)."""
+    from django.apps import apps
+
+    if not apps.is_installed("rest_framework"):
+        return []
+    from rest_framework.views import APIView
+
+    from django_redislua import drf
+
+    inherited = APIView.throttle_classes  # DEFAULT_THROTTLE_CLASSES, read when DRF loaded
+    messages: list[CheckMessage] = []
+    seen: set[tuple[Any, ...]] = set()
+    for route, callback in url_views():
+        view_class = getattr(callback, "cls", None)
+        if not isinstance(view_class, type) or not issubclass(view_class, APIView):
+            continue
+        initkwargs = getattr(callback, "initkwargs", None) or {}
+        classes = initkwargs.get("throttle_classes", view_class.throttle_classes)
+        if not classes or classes is inherited:
+            # The global setting's PolicyThrottle limits the views that name a policy and
+            # leaves the others alone, as DRF's ScopedRateThrottle does with throttle_scope.
+            continue
+        for throttle in classes:
+            if not (isinstance(throttle, type) and issubclass(throttle, drf.PolicyThrottle)):
+                continue
+            attr = throttle.policy_attr
+            if attr in initkwargs or hasattr(view_class, attr):
+                continue  # named (E021 checks the names), or None on purpose
+            if (view_class, throttle) in seen:
+                continue  # a router's list and detail routes: one view, one message
+            seen.add((view_class, throttle))
+            where = f"{_dotted(view_class)} at {route or '/'!r}"
+            near = _near_attributes(attr, view_class, initkwargs, classes, drf, APIView)
+            guess = (f" Did you mean {attr} (the view has {', '.join(near)})?" if near else "")
+            message = (f"{throttle.__name__} on {where} names no policy: the view has no "
+                       f"{attr!r} attribute, so every request passes, unthrottled.{guess}")
+            hint = FIXES["redislua.E029"].replace("throttle_policy", attr).replace(
+                "PolicyThrottle", throttle.__name__)
+            if view_class.__qualname__ == "WrappedAPIView":  # @api_view: no decorator sets it
+                hint += (f" On an @api_view function, set it after the decorators: "
+                         f"{view_class.__name__}.cls.{attr} = \"api\".")
+            messages.append(_error("redislua.E029", message, hint=hint))
+    return messages
+
+
+def _dotted(view_class: type) -> str:
+    # @api_view's class is named after the function (its __qualname__ stays WrappedAPIView).
+    name = (view_class.__name__ if view_class.__qualname__ == "WrappedAPIView"
+            else view_class.__qualname__)
+    return f"{view_class.__module__}.{name}"
+
+
+def _near_attributes(attr: str, view_class: type, initkwargs: dict[str, Any],
+                     classes: Any, drf: Any, api_view: type) -> list[str]:
+    """The view's own attributes that look like a misspelling of ``attr`` (throttle_policies,
+    policy, throttle_scope without ScopedRateThrottle...), set and not methods."""
+    import difflib
+
+    own: dict[str, Any] = dict(initkwargs)
+    for klass in reversed(view_class.__mro__):
+        if not klass.__module__.startswith(("rest_framework.", "django.", "builtins")):
+            own.update(vars(klass))
+    scoped = any(isinstance(c, type) and issubclass(c, drf.ScopedRateThrottle) for c in classes)
+    names = {name for name, value in own.items()
+             if not name.startswith("_") and not hasattr(api_view, name)  # DRF's own settings
+             and value and not callable(value)
+             and not isinstance(value, (classmethod, staticmethod, property))}
+    close = set(difflib.get_close_matches(attr, names, n=5, cutoff=0.6))
+    close |= {name for name in names if "polic" in name.lower()}
+    if scoped:
+        close.discard("throttle_scope")  # ScopedRateThrottle's own, in use
+    elif own.get("throttle_scope"):
+        close.add("throttle_scope")
+    return sorted(close)
+
+
 def _throttle_errors(drf: Any, given: object, view_class: Any) -> list[PolicyError]:
     """What is wrong with throttle class ``given`` as the view class (None: globally) uses it."""
     if not isinstance(given, type):
@@ -434,7 +516,7 @@ def check_views(**kwargs: Any) -> list[CheckMessage]:
     config = getattr(django_settings, "REDISLUA", {})
     if not isinstance(config, dict) or not isinstance(config.get("POLICIES", {}), dict):
         return []  # check_settings reports it; policies cannot be looked up
-    return [*_decorated_views(), *_drf_throttles()]
+    return [*_decorated_views(), *_drf_throttles(), *_unnamed_policies()]
 
 
 @register(Tags.compatibility, deploy=True)

@@ -1,6 +1,11 @@
 """One test per system check id: `manage.py check` reports each malformed setting by its id."""
 
+import os
+import subprocess
+import sys
+import textwrap
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -211,3 +216,242 @@ def test_e020_drf_throttle_rate():
     drf_own = {**rest, "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"]}
     with override_settings(REST_FRAMEWORK=drf_own, REDISLUA={}):
         assert check_settings() == []
+
+
+# -- redislua.E029: PolicyThrottle on a view that names no policy -----------------------------
+# The views below are this module's URLconf (ROOT_URLCONF="tests.test_checks" in the tests).
+from django.urls import include, path  # noqa: E402
+from rest_framework import routers, viewsets  # noqa: E402
+from rest_framework.decorators import action, api_view, throttle_classes  # noqa: E402
+from rest_framework.response import Response  # noqa: E402
+from rest_framework.views import APIView  # noqa: E402
+
+from django_redislua import drf  # noqa: E402
+from django_redislua.checks import check_views  # noqa: E402
+
+
+class Misspelled(APIView):
+    throttle_classes = [drf.PolicyThrottle]
+    throttle_policies = ["api"]  # the mistake: every request passes
+
+
+class NoPolicyAtAll(APIView):
+    throttle_classes = [drf.PolicyThrottle]
+
+
+class Named(APIView):
+    throttle_classes = [drf.PolicyThrottle]
+    throttle_policy = "api"
+
+
+class NoneOnPurpose(Named):
+    throttle_policy = None  # a subclass opting out of its base's policy: said, not misspelled
+
+
+class GlobalDefaults(APIView):
+    """No throttle_classes of its own: DEFAULT_THROTTLE_CLASSES, whatever they list."""
+
+
+class ScopedBeside(APIView):
+    throttle_classes = [drf.ScopedRateThrottle, drf.PolicyThrottle]
+    throttle_scope = "anon"  # ScopedRateThrottle's, in use: not a guess for the policy
+
+
+class ExportThrottle(drf.PolicyThrottle):
+    policy_attr = "export_policy"
+
+
+class OwnAttribute(APIView):
+    throttle_classes = [ExportThrottle]
+    throttle_policy = "export"  # the base class's attribute; this throttle reads export_policy
+
+
+class OwnAttributeNamed(APIView):
+    throttle_classes = [ExportThrottle]
+    export_policy = "export"
+
+
+class PolicyViewSet(viewsets.ViewSet):
+    throttle_classes = [drf.PolicyThrottle]
+    policy = "api"
+
+    def list(self, request: object) -> Response:
+        return Response([])
+
+    def retrieve(self, request: object, pk: str) -> Response:
+        return Response({})
+
+
+class DefaultsViewSet(viewsets.ViewSet):
+    def list(self, request: object) -> Response:
+        return Response([])
+
+    @action(detail=False, throttle_classes=[drf.PolicyThrottle])
+    def unnamed(self, request: object) -> Response:
+        return Response({})
+
+
+class ActionsViewSet(viewsets.ViewSet):
+    throttle_policy = None  # as_view() takes only the class's attributes
+
+    def list(self, request: object) -> Response:
+        return Response([])
+
+    @action(detail=False, throttle_classes=[drf.PolicyThrottle], throttle_policy="api")
+    def named(self, request: object) -> Response:
+        return Response({})
+
+
+@api_view(["GET"])
+@throttle_classes([drf.PolicyThrottle])
+def function_view(request: object) -> Response:
+    return Response({})
+
+
+@api_view(["GET"])
+@throttle_classes([drf.PolicyThrottle])
+def function_view_named(request: object) -> Response:
+    return Response({})
+
+
+function_view_named.cls.throttle_policy = "api"  # type: ignore[attr-defined]
+
+router = routers.SimpleRouter()
+router.register("things", PolicyViewSet, basename="things")
+router.register("others", DefaultsViewSet, basename="others")
+router.register("actions", ActionsViewSet, basename="actions")
+urlpatterns = [
+    path("misspelled/", Misspelled.as_view()),
+    path("none/", NoPolicyAtAll.as_view()),
+    path("named/", Named.as_view()),
+    path("by-initkwargs/", NoneOnPurpose.as_view(throttle_policy="api")),
+    path("none-on-purpose/", NoneOnPurpose.as_view()),
+    path("defaults/", GlobalDefaults.as_view()),
+    path("scoped/", ScopedBeside.as_view()),
+    path("own-attribute/", OwnAttribute.as_view()),
+    path("own-attribute-named/", OwnAttributeNamed.as_view()),
+    path("function/", function_view),
+    path("function-named/", function_view_named),
+    path("api/", include(router.urls)),
+]
+HERE = override_settings(ROOT_URLCONF="tests.test_checks")
+
+
+def e029() -> dict[str, tuple[str, str]]:
+    """The E029 messages by the view's dotted path: (message, hint)."""
+    with HERE:
+        found = [m for m in check_views() if m.id == "redislua.E029"]
+    views = {m.msg.split(" on ", 1)[1].split(" at ", 1)[0]: (m.msg, m.hint) for m in found}
+    assert len(views) == len(found), [m.msg for m in found]  # one message per view
+    return views
+
+
+def test_e029_policy_throttle_on_a_view_that_names_no_policy():
+    found = e029()
+    here = "tests.test_checks"
+    assert sorted(found) == sorted(f"{here}.{name}" for name in (
+        "Misspelled", "NoPolicyAtAll", "ScopedBeside", "OwnAttribute", "PolicyViewSet",
+        "DefaultsViewSet", "function_view"))
+    message, hint = found[f"{here}.Misspelled"]
+    assert message == (
+        f"PolicyThrottle on {here}.Misspelled at 'misspelled/' names no policy: the view has "
+        "no 'throttle_policy' attribute, so every request passes, unthrottled. Did you mean "
+        "throttle_policy (the view has throttle_policies)?")
+    assert hint.startswith('Name the policy on the view: throttle_policy = "api"')
+    assert hint.endswith("checks.html#redislua-e029")
+    assert "Did you mean" not in found[f"{here}.NoPolicyAtAll"][0]
+    assert "Did you mean" not in found[f"{here}.ScopedBeside"][0]  # throttle_scope is in use
+    assert "(the view has policy)?" in found[f"{here}.PolicyViewSet"][0]
+    assert "'api/' at" not in found[f"{here}.PolicyViewSet"][0]  # one line for both routes
+    # The @action's own throttle_classes (router initkwargs): the view with the unnamed one.
+    assert "at 'api/^others/unnamed/$'" in found[f"{here}.DefaultsViewSet"][0]
+    # The subclass's own attribute, and the attribute the view set instead.
+    message, hint = found[f"{here}.OwnAttribute"]
+    assert message.startswith(f"ExportThrottle on {here}.OwnAttribute at 'own-attribute/'")
+    assert "no 'export_policy' attribute" in message
+    assert "Did you mean export_policy (the view has throttle_policy)?" in message
+    assert hint.startswith('Name the policy on the view: export_policy = "api"')
+    assert "or take ExportThrottle out of its throttle_classes" in hint
+    # @api_view: the function's dotted path, and how to set the attribute on it.
+    message, hint = found[f"{here}.function_view"]
+    assert "at 'function/'" in message
+    assert 'On an @api_view function, set it after the decorators: function_view.cls.' \
+           'throttle_policy = "api".' in hint
+
+
+def test_e029_fails_manage_py_check():
+    with HERE, pytest.raises(SystemCheckError, match=r"redislua\.E029") as failure:
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+    assert "tests.test_checks.Misspelled at 'misspelled/' names no policy" in str(failure.value)
+
+
+PROJECT = {
+    "manage.py": """
+        import os
+        import sys
+
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
+        from django.core.management import execute_from_command_line
+
+        execute_from_command_line(sys.argv)
+    """,
+    "shop/__init__.py": "",
+    "shop/settings.py": """
+        SECRET_KEY = "tests-only"
+        INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth",
+                          "rest_framework", "django_redislua", "shop"]
+        ROOT_URLCONF = "shop.urls"
+        DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+        REDISLUA = {"CONNECTION": "redis://127.0.0.1:6379/0",
+                    "POLICIES": {"api": {"rate": "100/m", "key": "user_or_ip"}}}
+        REST_FRAMEWORK = {"DEFAULT_THROTTLE_CLASSES": ["django_redislua.drf.PolicyThrottle"]}
+    """,
+    "shop/views.py": """
+        from rest_framework.views import APIView
+
+        from django_redislua.drf import PolicyThrottle
+
+
+        class Catalog(APIView):  # the global PolicyThrottle, with a policy
+            throttle_policy = "api"
+
+
+        class Health(APIView):  # the global PolicyThrottle, no policy: not limited, no check
+            pass
+
+
+        class Orders(APIView):
+            throttle_classes = [PolicyThrottle]
+            throttle_policies = ["api"]
+    """,
+    "shop/urls.py": """
+        from django.urls import path
+
+        from shop import views
+
+        urlpatterns = [
+            path("catalog/", views.Catalog.as_view()),
+            path("health/", views.Health.as_view()),
+            path("orders/", views.Orders.as_view()),
+        ]
+    """,
+}
+
+
+def test_e029_in_manage_py_check_of_a_project(tmp_path: Path) -> None:
+    """A project's own ``manage.py check`` in a process of its own: PolicyThrottle as DRF's
+    global default leaves a view without a policy alone (it is not limited, as DRF's
+    ScopedRateThrottle leaves a view without throttle_scope); the view listing it in its own
+    throttle_classes with a misspelled attribute fails the check."""
+    for name, text in PROJECT.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(textwrap.dedent(text).lstrip())
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DJANGO_", "PYTEST_")) and k != "REDIS_URL"}
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "shop.views.Orders at 'orders/' names no policy" in result.stderr
+    assert "Did you mean throttle_policy (the view has throttle_policies)?" in result.stderr
+    assert "(redislua.E029)" in result.stderr
+    assert "identified 1 issue" in result.stderr  # not Health, not Catalog
