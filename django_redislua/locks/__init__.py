@@ -1,10 +1,14 @@
 """Distributed locks and coordination on Redis: ``Lock``, ``Semaphore``, ``singleton``,
-``run_once`` and ``single_flight``. Every state change is one Lua script; waiters are woken by
-pub/sub on release, never by a polling loop."""
+``run_once`` and ``single_flight`` (``forget_flight``). Every state change is one Lua script;
+waiters are woken by pub/sub on release, never by a polling loop."""
 
 from django_redislua.locks.coordination import (
+    BuildFailed,
     RunInProgress,
+    RunOutcome,
+    aforget_flight,
     asingle_flight,
+    forget_flight,
     run_once,
     single_flight,
     singleton,
@@ -20,6 +24,7 @@ from django_redislua.locks.lock import (
 from django_redislua.locks.semaphore import Semaphore
 
 __all__ = [
+    "BuildFailed",
     "LeaseLost",
     "Lock",
     "LockError",
@@ -27,8 +32,11 @@ __all__ = [
     "LockNotOwned",
     "LockUnavailable",
     "RunInProgress",
+    "RunOutcome",
     "Semaphore",
+    "aforget_flight",
     "asingle_flight",
+    "forget_flight",
     "run_once",
     "single_flight",
     "singleton",

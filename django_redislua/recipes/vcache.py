@@ -4,8 +4,9 @@ The classic race: two writers read the database at versions 6 and 7, the one hol
 first, then 6 overwrites it and the cache serves old data until it expires. Here a write
 carries its version and the compare and the write are one script. ``get_or_build`` is
 ``single_flight`` on the same entry: one caller builds, the others are served the stale copy
-(or wait for the build when there is none), and a build never overwrites a version that a
-``set`` stored while it ran.
+(or wait for the build when there is none, and share its failure: ``BuildFailed``), and a
+build never overwrites a version that a ``set`` stored while it ran, nor stores after a
+``delete`` made while it ran.
 
 Values are pickled, as Django's cache does: only cache what your own code built.
 """
@@ -16,13 +17,12 @@ import pickle
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar, cast
 
-from django_redislua.locks.coordination import Flight, flying
+from django_redislua.locks.coordination import Flight, flight_keys, flying
 from django_redislua.locks.keys import Keys
 from django_redislua.protocol import Invoke, Protocol
 from django_redislua.recipes.base import (
     Op,
     arun,
-    delete_op,
     key,
     milliseconds,
     recipe_errors,
@@ -66,7 +66,8 @@ class VersionedCache:
 
     def keys(self, cache_key: str | bytes | int) -> Keys:
         """The entry's keys: the entry itself, ``:building`` (the build lease of
-        ``get_or_build``) and the channel that wakes the callers waiting for a build."""
+        ``get_or_build``), ``:failed`` (a failed build, for the callers that waited on it) and
+        the channel that wakes the callers waiting for a build."""
         base = key(self.kind, self.name, cache_key)
         return Keys(base=base, channel=f"{base}:released")
 
@@ -112,22 +113,29 @@ class VersionedCache:
     async def aget_versioned(self, cache_key: str | bytes | int) -> Versioned | None:
         return await arun(self._get(cache_key))
 
+    def _delete(self, cache_key: str | bytes | int) -> Op[bool]:
+        return Op("django_redislua.flight_forget", flight_keys(self.keys(cache_key)), [], bool)
+
     def delete(self, cache_key: str | bytes | int) -> bool:
-        """Forget the entry (its version too); True if it existed."""
-        return run(delete_op([self.keys(cache_key).base]))
+        """Forget the entry (its version too), fresh or stale: the next ``get_or_build``
+        builds. A build running now is not stored when it ends (its caller still gets its
+        value): it may have read the data before the change that made you delete. True if the
+        entry existed."""
+        return run(self._delete(cache_key))
 
     async def adelete(self, cache_key: str | bytes | int) -> bool:
-        return await arun(delete_op([self.keys(cache_key).base]))
+        return await arun(self._delete(cache_key))
 
     def get_or_build(self, cache_key: str | bytes | int, build: Callable[[], R],
                      ttl: float | str = 300, stale_ttl: float | str = 0,
                      lock_timeout: float | str = 10) -> R:
         """The fresh value; else exactly one caller runs ``build`` while the others get the
         stale copy (kept ``stale_ttl`` after it stops being fresh) or, without one, wait for
-        the build. The built value is stored under the version the entry had (0 for none),
-        and not at all when a newer version was ``set`` while it built. ``lock_timeout`` is
-        the build lease, renewed while ``build`` runs (it bounds how long a crashed builder
-        keeps the others waiting)."""
+        the build: when it raises, they raise ``BuildFailed`` (see ``single_flight``) instead
+        of each building in turn. The built value is stored under the version the entry had
+        (0 for none), and not at all when a newer version was ``set``, or the entry deleted,
+        while it built. ``lock_timeout`` is the build lease, renewed while ``build`` runs (it
+        bounds how long a crashed builder keeps the others waiting)."""
         return cast(R, run_protocol(self._building(cache_key, Invoke(build), ttl, stale_ttl,
                                                    lock_timeout)))
 
@@ -140,5 +148,5 @@ class VersionedCache:
 
     def _building(self, cache_key: str | bytes | int, build: Invoke, ttl: float | str,
                   stale_ttl: float | str, lock_timeout: float | str) -> Protocol[Any]:
-        flight = Flight(self.keys(cache_key), lock_timeout, versioned=True)
+        flight = Flight(self.keys(cache_key), lock_timeout, versioned=True, name=str(cache_key))
         return recipe_errors(flying(flight, build, ttl, stale_ttl), "get_or_build")
