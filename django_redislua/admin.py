@@ -22,8 +22,9 @@ from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
 
 from django_redislua import overrides
+from django_redislua.checks import eviction_policy, evicts
 from django_redislua.conf import settings
-from django_redislua.connection import CLIENT_ERRORS
+from django_redislua.connection import CLIENT_ERRORS, primary_nodes
 from django_redislua.discovery import PolicyInUse, policies_in_use
 from django_redislua.limiting import inspect
 from django_redislua.limiting.policy import Policy, overrides_key
@@ -303,10 +304,14 @@ class RedisLuaAdmin(ModelAdmin):
         from django_redislua.scripts import registry
 
         nodes: list[inspect.NodeStatus] = []
+        evictions: dict[str, str | None] = {}
         try:
             nodes = inspect.server_status()
+            evictions = {name: eviction_policy(node) for name, node in primary_nodes()}
         except CLIENT_ERRORS as exc:
             messages.error(request, f"Redis did not answer: {exc}")
+        servers = [{"node": node, "eviction": evictions.get(node.name),
+                    "evicts": evicts(evictions.get(node.name))} for node in nodes]
         scripts = [
             # Plain values: the template engine would call a Script (it is callable).
             {"name": name, "sha": script.sha,
@@ -315,7 +320,7 @@ class RedisLuaAdmin(ModelAdmin):
         ]
         return TemplateResponse(request, "admin/django_redislua/redislua/scripts.html",
                                 self._context(request, "Scripts & servers", "scripts",
-                                              nodes=nodes, scripts=scripts,
+                                              nodes=nodes, servers=servers, scripts=scripts,
                                               library=registry.library()[0]))
 
     # -- actions: GET = confirmation page, POST = do it ----------------------------------------

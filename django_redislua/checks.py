@@ -7,11 +7,12 @@ They cover ``settings.REDISLUA``, the connection (URL or cache alias with its LO
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import redis
 from django.conf import settings as django_settings
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from django_redislua.conf import DEFAULTS, DENIED_BODIES, HEADER_MODES, valid_claim_window
@@ -523,7 +524,10 @@ def check_views(**kwargs: Any) -> list[CheckMessage]:
 def check_reachable(**kwargs: Any) -> list[CheckMessage]:
     """``manage.py check --deploy`` only (every other check runs offline): connect to Redis the
     way the app will, and warn with the cause when it cannot. With FAIL_OPEN a wrong password
-    or an unreachable server turns every limit off silently, which a deploy should hear of."""
+    or an unreachable server turns every limit off silently, which a deploy should hear of.
+
+    Connected, read every primary's ``maxmemory-policy``: one that evicts can drop a held lock
+    (two holders) or a limit's state under memory pressure (W006)."""
     from django_redislua.conf import settings as redislua_settings
     from django_redislua.connection import (
         CLIENT_ERRORS,
@@ -535,9 +539,11 @@ def check_reachable(**kwargs: Any) -> list[CheckMessage]:
     config = getattr(django_settings, "REDISLUA", {})
     if not isinstance(config, dict):
         return []  # check_settings reports it
+    policies: list[tuple[str, str | None]] = []
     try:
-        for _name, node in primary_nodes():
+        for name, node in primary_nodes():
             node.ping()
+            policies.append((name, eviction_policy(node)))
     except ConnectionConfigError:
         return []  # check_settings reports it
     except CLIENT_ERRORS as exc:
@@ -552,4 +558,63 @@ def check_reachable(**kwargs: Any) -> list[CheckMessage]:
                  f"REDISLUA['CONNECTION']. See {check_url('redislua.W005')}",
             id="redislua.W005",
         )]
-    return []
+    return _eviction(policies)
+
+
+def eviction_policy(client: redis.Redis) -> str | None:
+    """The node's ``maxmemory-policy``: ``CONFIG GET``, else the ``maxmemory_policy`` field of
+    ``INFO memory`` (a managed Redis often refuses CONFIG but answers INFO); None when both are
+    refused (a renamed command, an ACL user without them). Connection failures propagate."""
+    value: Any = None
+    # An unknown (renamed) command is a ResponseError; so is an ACL's NOPERM.
+    with contextlib.suppress(redis.ResponseError):
+        value = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    if not value:
+        try:
+            value = client.info("memory").get("maxmemory_policy")
+        except redis.ResponseError:
+            return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return str(value) if value else None
+
+
+def evicts(policy: str | None) -> bool:
+    """Whether a node with this ``maxmemory-policy`` can drop keys under memory pressure:
+    every policy but ``noeviction`` (``volatile-*`` drops exactly the keys with a TTL, which
+    every lock and rate-limit key has)."""
+    return policy is not None and policy != "noeviction"
+
+
+def _eviction(policies: list[tuple[str, str | None]]) -> list[CheckMessage]:
+    """W006 per evicting policy (naming its nodes), I001 for the nodes that would not say."""
+    evicting: dict[str, list[str]] = {}
+    for name, policy in policies:
+        if evicts(policy):
+            evicting.setdefault(str(policy), []).append(name)
+    messages: list[CheckMessage] = []
+    for policy, names in evicting.items():
+        which = ("evicts exactly the keys that have a TTL, and every lock and rate-limit key has "
+                 "one" if policy.startswith("volatile-") else "can evict any key")
+        messages.append(Warning(
+            f"Redis at {', '.join(sorted(names))} has maxmemory-policy {policy!r}: under memory "
+            f"pressure it {which}. An evicted lock is taken by a second holder while the first "
+            "still works under it; an evicted limit starts again with a full quota.",
+            hint="Set maxmemory-policy noeviction on it (a full Redis then refuses writes, which "
+                 "limits meet with FAIL_OPEN and locks with LockUnavailable), or give "
+                 "REDISLUA['CONNECTION'] a Redis of its own with noeviction and keep the evicting "
+                 f"one for the cache. See {check_url('redislua.W006')}",
+            id="redislua.W006",
+        ))
+    unread = [name for name, policy in policies if policy is None]
+    if unread:
+        messages.append(Info(
+            f"Could not read the maxmemory-policy of Redis at {', '.join(sorted(unread))}: "
+            "CONFIG GET "
+            "and INFO are both refused to this connection. It must be noeviction: an evicting "
+            "policy can drop a held lock (two holders) or a limit's state.",
+            hint="Check it in your provider's console, or allow this ACL user +config|get or "
+                 f"+info for check --deploy to read it. See {check_url('redislua.I001')}",
+            id="redislua.I001",
+        ))
+    return messages

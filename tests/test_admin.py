@@ -548,3 +548,27 @@ def test_scripts_page_shows_the_functions_library_per_node(
     call_command("redislua_preload", "--functions", stdout=StringIO())
     after = client.get(SCRIPTS_URL)
     assert [node.functions for node in after.context["nodes"]] == ["loaded"] * primaries
+
+
+def test_scripts_page_shows_each_primarys_eviction_policy(
+    login_as: Callable[..., Client], r: Any
+) -> None:
+    """Issue 35: an evicting maxmemory-policy can drop a held lock; the server tab says so per
+    primary (one of a cluster's set to volatile-ttl, the others left at noeviction)."""
+    client = login_as("view_redislua")
+    nodes = primary_nodes(r)
+    evicting_name, evicting = nodes[0]
+    evicting.config_set("maxmemory-policy", "volatile-ttl" if len(nodes) > 1 else "allkeys-lru")
+    try:
+        html = client.get(SCRIPTS_URL).content.decode()
+    finally:
+        evicting.config_set("maxmemory-policy", "noeviction")
+    for name, _node in nodes:
+        row = html.split(f'<tr data-node="{name}">', 1)[1].split("</tr>", 1)[0]
+        if name == evicting_name:
+            policy = "volatile-ttl" if len(nodes) > 1 else "allkeys-lru"
+            assert f"⚠ {policy}: can evict locks and limits" in row, row
+        else:
+            assert "✔ noeviction" in row, row
+    assert "✔ noeviction" in client.get(SCRIPTS_URL).content.decode()
+
