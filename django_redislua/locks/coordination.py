@@ -175,7 +175,8 @@ class RunOutcome(Generic[R_co]):
       died frees the key then). ``result`` is None.
 
     Times are the Redis server's clock, in UTC. ``ran_by`` is ``"<host>:<pid>"``; it and the
-    times are None for a record written by a version before 0.x (they were not kept then).
+    times are None for a record written by a version that did not keep them (a rolling
+    deploy's older servers).
     """
 
     status: Literal["ran", "done", "running"]

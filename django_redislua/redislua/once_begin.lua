@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  the record: a hash {state = "running" | "done", owner (the running call's token),
 --          by (who runs or ran it: "<host>:<pid>"), started_at, finished_at (ms, server
---          clock), result}. A record written by a version before 0.x has only state, owner and
+--          clock), result}. A record written by an earlier version has only state, owner and
 --          result: the other fields read as "".
 -- ARGV[1]  the caller's run token (random, 32 hex characters).
 -- ARGV[2]  the running lease in milliseconds: a crashed run frees the key after it.
