@@ -56,7 +56,11 @@ def ensure_env(extras: str, env_dir: Path = VENV, interpreter: str | None = None
 
 def run(*args: object, env: dict[str, str] | None = None) -> int:
     print("$", " ".join(map(str, args)), flush=True)
-    return subprocess.call([str(a) for a in args], cwd=ROOT, env=env)
+    with subprocess.Popen([str(a) for a in args], cwd=ROOT, env=env) as process:
+        try:
+            return process.wait()
+        except KeyboardInterrupt:  # Ctrl-C reached the child too (one process group): it stops
+            return process.wait()  # by itself (the demo cleanly); wait for it, no traceback
 
 
 def demo(argv: list[str]) -> int:

@@ -59,6 +59,10 @@ REDISLUA = {
     "CONNECTION": "default",
     "POLICIES": {
         "demo": {"algorithm": "sliding_window", "rate": "5/m", "key": "ip"},
+        # README's quickstart policy, on its /hello/ view.
+        "hello": {"algorithm": "fixed_window", "rate": "3/m", "key": "ip"},
+        # The async view's own budget: the /limited/ page's reloads do not spend it.
+        "async-demo": {"algorithm": "sliding_window", "rate": "5/m", "key": "ip"},
         "login": {"algorithm": "sliding_log", "rate": "5/m", "key": "ip", "methods": ["POST"]},
         "api": {"algorithm": "gcra", "rate": "100/m", "burst": 20, "key": "user_or_ip"},
         "search": {"algorithm": "token_bucket", "rate": "10/s", "burst": 50, "key": "user_or_ip"},

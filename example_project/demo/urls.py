@@ -10,6 +10,7 @@ urlpatterns = [
     path("api/", views.api, name="api"),
     path("stacked/", views.stacked, name="stacked"),
     path("async/", views.async_limited, name="async-limited"),
+    path("hello/", views.hello, name="hello"),
     path("shadow/", views.shadow, name="shadow"),
     path("metrics", views.metrics, name="metrics"),
     path("coordination/", coordination.coordination, name="coordination"),

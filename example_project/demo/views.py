@@ -76,10 +76,17 @@ def metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
 
 
-@ratelimit("demo")
+@ratelimit("async-demo")
 async def async_limited(request: HttpRequest) -> HttpResponse:
-    """An ``async def`` view: decided by the asyncio Redis client, no thread hop."""
+    """An ``async def`` view: decided by the asyncio Redis client, no thread hop. Its policy is
+    its own ("async-demo", 5 a minute per IP), so the /limited/ page's reloads do not spend it."""
     return HttpResponse("async ok\n", content_type="text/plain")
+
+
+@ratelimit("hello")
+def hello(request: HttpRequest) -> HttpResponse:
+    """README's quickstart view: the "hello" policy, 3 requests a minute per IP (fixed window)."""
+    return HttpResponse("Hello!\n", content_type="text/plain")
 
 
 # -- recipes -----------------------------------------------------------------------------------

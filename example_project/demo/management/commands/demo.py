@@ -1,4 +1,9 @@
-"""``manage.py demo``: migrate, create the admin/admin superuser, serve on 127.0.0.1:8000."""
+"""``manage.py demo``: migrate, create the admin/admin superuser, serve on 127.0.0.1:8000.
+
+Ctrl-C stops it without a traceback, whenever it comes: runserver ends on it by itself, and an
+interrupt while the demo is still preparing ends here. The embedded Redis (demo/settings.py)
+stops with the process.
+"""
 
 from typing import Any
 
@@ -14,6 +19,12 @@ class Command(BaseCommand):
         parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            self.serve(options["addrport"])
+        except KeyboardInterrupt:
+            self.stdout.write("Stopped.")
+
+    def serve(self, addrport: str) -> None:
         from django.conf import settings
 
         call_command("migrate", verbosity=0)
@@ -23,4 +34,4 @@ class Command(BaseCommand):
         call_command("redislua_preload", verbosity=0)
         self.stdout.write(f"Redis: {settings.REDIS_URL}  ·  admin: admin / admin")
         # No autoreloader: its child would be a second process; the embedded Redis lives here.
-        call_command("runserver", options["addrport"], use_reloader=False)
+        call_command("runserver", addrport, use_reloader=False)
