@@ -43,6 +43,30 @@ def find_policy(name: str) -> Policy | None:
     return None if entry is None else entry.policy
 
 
+def key_specs_of(policy: Policy) -> list[object]:
+    """Every key spec a request is keyed by under ``policy``: its own (``user_or_ip`` when it
+    sets none), and each one a ``@ratelimit(name, key=...)`` on a routed view or a
+    ``MIDDLEWARE_POLICIES`` entry overrides it with. For live overrides: an identity none of
+    these can yield would never match."""
+    from django_redislua.decorators import named_specs_of
+    from django_redislua.urlconf import url_views, view_targets
+
+    found: list[object] = [policy.key if policy.key is not None else "user_or_ip"]
+    for entry in settings.MIDDLEWARE_POLICIES:
+        if entry.get("policy") == policy.name and "key" in entry:
+            found.append(entry["key"])
+    for _route, callback in url_views():
+        for target in view_targets(callback):
+            for spec, _view_name in named_specs_of(target):
+                if spec.policy_name == policy.name and spec.options.get("key") is not None:
+                    found.append(spec.options["key"])
+    unique: list[object] = []
+    for key in found:
+        if key not in unique:
+            unique.append(key)
+    return unique
+
+
 def _inline() -> list[tuple[str, PolicyInUse]]:
     from django_redislua.decorators import named_specs_of
     from django_redislua.urlconf import url_views, view_targets

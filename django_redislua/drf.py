@@ -49,7 +49,7 @@ from django_redislua import reporting
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.headers import rate_limit_headers
-from django_redislua.keys import masked
+from django_redislua.keys import DRF_SCOPE_KEY, masked
 from django_redislua.limiting import Decision, Policy, PolicyError, denials, evaluate, parse_rate
 from django_redislua.limiting.engine import Check, PartlyDecided
 from django_redislua.limiting.rates import RateError
@@ -157,8 +157,10 @@ def _broken(view: APIView | None, error: PolicyError) -> bool:
 
 @functools.lru_cache(maxsize=512)
 def scope_policy(name: str, rate: str) -> Policy:
-    """The sliding_log policy a scope's throttle decides by (its name keys the Redis state)."""
-    return Policy(name, rate=rate, algorithm="sliding_log")
+    """The sliding_log policy a scope's throttle decides by (its name keys the Redis state).
+    Its key spec says which identities its throttles make (``throttle_<scope>_<ident>``, DRF's
+    cache key), for live overrides; the request layer never keys by it."""
+    return Policy(name, rate=rate, algorithm="sliding_log", key=f"{DRF_SCOPE_KEY}{name}")
 
 
 class ThrottleConfigError(ImproperlyConfigured):

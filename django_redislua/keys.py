@@ -17,14 +17,14 @@ import ipaddress
 import json
 import unicodedata
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings as django_settings
 from django.http import HttpRequest
 
 from django_redislua.conf import settings
 from django_redislua.limiting.decision import PolicyError
-from django_redislua.limiting.identity import ABSENT
+from django_redislua.limiting.identity import ABSENT, ABSENT_TEXT
 from django_redislua.limiting.policy import resolve_callable
 from django_redislua.reporting import report_unknown_address
 
@@ -231,6 +231,113 @@ def normalized(identity: str | bytes | int) -> str | bytes | int:
         return identity
     text = unicodedata.normalize("NFKC", identity[:4096]).strip().casefold()
     return text or ABSENT
+
+
+# What each key kind yields, for the messages that refuse an identity it never could.
+_FORMS = {
+    "ip": "an address as the ip key masks it (IPV4_MASK/IPV6_MASK), e.g. '203.0.113.7', "
+          "'2001:db8::/64', or 'unknown-address'",
+    "user": "'u' and the user's primary key, e.g. 'u42', or the User itself",
+}
+
+
+def user_identity(value: object) -> str | None:
+    """``u<pk>`` for a user model instance (anything with ``pk`` and ``is_authenticated``)."""
+    if getattr(value, "is_authenticated", False) is True and getattr(value, "pk", None) is not None:
+        return f"u{value.pk}"  # type: ignore[attr-defined]
+    return None
+
+
+def _address_identity(text: str) -> str | None:
+    """The ``ip`` key's identity for an address (masked) or a network of the mask's size."""
+    if text == UNKNOWN_ADDRESS:
+        return text
+    if "/" in text:
+        try:
+            network = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            return None
+        return masked(str(network.network_address)) if network.prefixlen >= (
+            settings.IPV4_MASK if network.version == 4 else settings.IPV6_MASK) else None
+    return masked(text)
+
+
+# The key spec of a DRF scope's policy (django_redislua.drf.scope_policy): its throttles key
+# by DRF's cache key, "throttle_<scope>_<ident>" (the user's pk, else the masked address).
+DRF_SCOPE_KEY = "drf-scope:"
+
+
+def _scope_identity(scope: str, value: object) -> str:
+    head = f"throttle_{scope}_"
+    user = user_identity(value)
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    if user is not None:
+        return head + user[1:]
+    if text.startswith(head):
+        return text
+    address = _address_identity(text)
+    if address is not None and address != UNKNOWN_ADDRESS:
+        return head + address
+    raise ValueError(f"DRF's {scope!r} throttle never yields {text[:40]!r}: it yields "
+                     f"'{head}<user id>' or '{head}<address>' (e.g. '{head}42', or the User, "
+                     "or the address)")
+
+
+def identity_for(spec: Any, value: object, normalize: bool = False) -> str | bytes | int:
+    """The identity the key ``spec`` yields for ``value``, what a person naturally has: a
+    request (the key function is applied), a ``User`` (``u<pk>`` for the user keys), an
+    address (masked as the ``ip`` key masks it), or the identity itself. ValueError, with the
+    form that key yields, for a value it never could (``"42"`` for the ``user`` key, which
+    yields ``"u42"``)."""
+    if spec is None:
+        spec = DEFAULT_KEY
+    if spec == "direct":  # a policy decided only through its Python API: any identity
+        if isinstance(value, HttpRequest) or hasattr(value, "_request"):
+            spec = DEFAULT_KEY
+        elif user_identity(value) is not None:
+            return cast(str, user_identity(value))
+        elif isinstance(value, str | bytes | int) and not isinstance(value, bool):
+            return value
+    if isinstance(spec, str) and spec.startswith(DRF_SCOPE_KEY):
+        return _scope_identity(spec.removeprefix(DRF_SCOPE_KEY), value)
+    if isinstance(value, HttpRequest) or hasattr(value, "_request"):  # Django's or DRF's
+        identity = key_function(spec)(value)  # type: ignore[arg-type]
+        if identity is None:
+            raise ValueError(f"the key {_name(spec)} yields nothing for this request: it is "
+                             "not limited, so an override would never match")
+        return normalized(identity) if normalize else identity
+    user = user_identity(value)
+    if spec in ("user", "user_or_ip"):
+        if user is not None:
+            return user
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        if spec == "user_or_ip":
+            address = _address_identity(text)
+            if address is not None:
+                return address
+        if len(text) > 1 and text[0] == "u" and not text.isdigit():
+            return text
+        forms = _FORMS["user"] + ("; or " + _FORMS["ip"] if spec == "user_or_ip" else "")
+        hint = f" (write 'u{text}' for user {text})" if text.isdigit() else ""
+        raise ValueError(f"the key {spec!r} never yields {text[:40]!r}{hint}: it yields {forms}")
+    if spec == "ip":
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        address = _address_identity(text)
+        if address is None:
+            raise ValueError(f"the key 'ip' never yields {text[:40]!r}: it yields {_FORMS['ip']}")
+        return address
+    if user is not None:
+        raise ValueError(f"the key {_name(spec)} does not key by user: give the value it reads "
+                         "(or a request), not a User")
+    if isinstance(value, str) and value == ABSENT_TEXT:
+        return ABSENT  # the shared identity of requests lacking the value (see ABSENT)
+    if not isinstance(value, str | bytes | int) or isinstance(value, bool):
+        raise ValueError(f"an identity is a string (or a request, or a User), not {value!r:.40}")
+    return normalized(value) if normalize else value
+
+
+def _name(spec: Any) -> str:
+    return repr(spec) if isinstance(spec, str) else getattr(spec, "__qualname__", repr(spec))
 
 
 def key_function(spec: Any) -> KeyFunc:

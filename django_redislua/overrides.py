@@ -2,14 +2,18 @@
 
     from django_redislua import overrides
     overrides.block("login", "203.0.113.7", ttl="1h", reason="credential stuffing")
-    overrides.allow("api", "42", ttl="30d", reason="partner")        # never limited by "api"
-    overrides.set_rate("api", "42", "10000/h", ttl="30d", reason="enterprise plan")
-    overrides.get("api", "42")   # -> Override | None
-    overrides.clear("api", "42")
-    overrides.scan()             # every live override
+    overrides.allow("api", partner_user, ttl="30d", reason="partner")  # never limited by "api"
+    overrides.set_rate("api", "u42", "10000/h", ttl="30d", reason="enterprise plan")
+    overrides.get("api", "u42")   # -> Override | None
+    overrides.clear("api", "u42")
+    overrides.scan()              # every live override
 
-The identity is the one the policy's key function yields (what the admin's keys tab shows);
-``policy="*"`` blocks or allows it under every policy. A policy's own override wins over "*".
+The identity is the one the policy's key yields (what the admin's keys tab shows: ``u42`` for
+user 42 under the ``user`` keys), or what a person naturally has: a ``User``, a request (the
+key is applied to it), an address (masked as the ``ip`` key masks it). An identity none of the
+policy's keys can yield (``"42"`` for a ``user`` key) is refused with the forms they yield
+(:func:`identity_of`): stored, it would never match. ``policy="*"`` blocks or allows it under
+every policy. A policy's own override wins over "*".
 
 Applied inside the decision's own script (``lib/override.lua``), in the same round trip: the
 identity's override hash shares the cluster slot of its state keys, and a decision looks for it
@@ -38,6 +42,7 @@ from typing import Any
 
 from django_redislua.conf import settings
 from django_redislua.connection import get_client, primary_nodes
+from django_redislua.keys import identity_for, user_identity
 from django_redislua.limiting import clock, denials
 from django_redislua.limiting.decision import ALLOW, BLOCK, RATE
 from django_redislua.limiting.identity import bound_identity, is_bound
@@ -69,6 +74,10 @@ __all__ = [
     "set_rate",
 ]
 
+# An identity as the API takes it: the identity string (what the policy's key yields, e.g.
+# "u42"), or what a person naturally has: a User (user keys), a request (the key is applied),
+# an address (the ip key masks it).
+Who = object
 EVERY_POLICY = "*"
 MAX_TTL = 366 * 86_400.0  # seconds: an override is an incident's or a contract's, not forever
 MAX_REASON = 500  # characters kept of a reason
@@ -141,8 +150,10 @@ def _bounded(text: object, most: int) -> str:
 def _policy_name(policy: Policy | str, every: bool, configured: bool = True
                  ) -> tuple[str, Policy | None]:
     """The field an override of ``policy`` is kept in, and the policy (None for "*", or for
-    a name no longer configured when ``configured`` is False: its override can still be read
-    and cleared). An unknown name raises UnknownPolicy (a KeyError) naming the known ones."""
+    a name no longer in use when ``configured`` is False: its override can still be read
+    and cleared). A name is a policy of ``REDISLUA["POLICIES"]``, else one in use (an inline
+    ``@ratelimit``'s, a DRF scope's: :func:`~django_redislua.discovery.policies_in_use`).
+    An unknown name raises UnknownPolicy (a KeyError) naming the configured ones."""
     if isinstance(policy, Policy):
         return policy.name, policy
     if not isinstance(policy, str) or not policy or len(policy) > MAX_SHOWN:
@@ -155,9 +166,62 @@ def _policy_name(policy: Policy | str, every: bool, configured: bool = True
     try:
         return policy, get_policy(policy)
     except UnknownPolicy:
+        from django_redislua.discovery import find_policy
+
+        found = find_policy(policy)  # an inline @ratelimit's, or a DRF scope's
+        if found is not None:
+            return policy, found
         if configured:
             raise
         return policy, None
+
+
+def identity_of(policy: Policy | None, identity: object) -> str | bytes | int:
+    """The identity ``policy``'s keys yield for ``identity`` (a request, a User, an address or
+    the identity itself), or ValueError naming the forms they yield: an override of an
+    identity no request can have would be stored and never match. A key form from the admin
+    (:class:`Tag`) is kept. For "*" (``policy`` None) a User is ``u<pk>``; text is kept."""
+    if isinstance(identity, Tag):
+        return identity
+    if policy is None:
+        user = user_identity(identity)
+        if user is not None:
+            return user
+        if isinstance(identity, str | bytes | int) and not isinstance(identity, bool):
+            return identity
+        raise ValueError('an override of "*" (every policy) takes an identity string or a '
+                         f"User, not {identity!r:.40}: each policy keys a request its own way")
+    from django_redislua.discovery import key_specs_of, policies_in_use
+
+    in_use = policies_in_use().get(policy.name)
+    if in_use is None or in_use.policy is not policy:
+        # Not a policy requests are keyed by (a Policy of the Python API's own): its
+        # identities are whatever its caller passes to hit().
+        specs: list[object] = [DIRECT]
+    else:
+        specs = key_specs_of(policy)
+    errors = []
+    for spec in specs:
+        try:
+            return identity_for(spec, identity, policy.normalize)
+        except ValueError as exc:
+            errors.append(str(exc))
+    raise ValueError(f"policy {policy.name!r}: " + "; ".join(dict.fromkeys(errors)))
+
+
+# The key spec of a policy no request is keyed by: any identity (a request: its user_or_ip).
+DIRECT = "direct"
+
+
+def _lenient(policy: Policy | None, identity: object) -> str | bytes | int:
+    """:func:`identity_of` for reading and clearing: an identity no key yields is used as it
+    is (an override stored before identities were checked can still be read and cleared)."""
+    try:
+        return identity_of(policy, identity)
+    except ValueError:
+        if isinstance(identity, str | bytes | int):
+            return identity
+        raise
 
 
 def _ttl_us(ttl: object) -> int:
@@ -167,12 +231,13 @@ def _ttl_us(ttl: object) -> int:
     return max(1000, round(seconds * 1_000_000))
 
 
-def _setting(policy: Policy | str, identity: str | bytes | int, kind: str, ttl: object,
+def _setting(policy: Policy | str, identity: Who, kind: str, ttl: object,
              reason: str, by: object, rate: str | None = None, now_us: int | None = None
              ) -> Op[Override]:
     """The script call that sets an override; on its reply, this process's local denial of
     that policy and identity ends (the next decision meets the override at once)."""
     name, resolved = _policy_name(policy, every=kind != "r")
+    ttl_us = _ttl_us(ttl)
     value = kind
     if kind == "r":
         assert resolved is not None and rate is not None
@@ -184,6 +249,7 @@ def _setting(policy: Policy | str, identity: str | bytes | int, kind: str, ttl: 
         else:
             derived = resolved.with_rate(rate)  # raises PolicyError for a bad rate
             value = f"r|{derived.code}|{derived.limit}|{derived.param}|{derived.extra}"
+    identity = identity_of(resolved, identity)
     shown = _bounded(identity if not isinstance(identity, bytes)
                      else identity.decode("utf-8", "replace"), MAX_SHOWN)
     meta = {"identity": shown, "rate": rate, "reason": _bounded(reason, MAX_REASON),
@@ -197,7 +263,7 @@ def _setting(policy: Policy | str, identity: str | bytes | int, kind: str, ttl: 
         return _override(name, _KINDS[kind], int(ends), meta, tag)
 
     return Op("django_redislua.override_set", [overrides_key(tag)],
-              [name, value, _ttl_us(ttl), json.dumps(meta), clock.script_now(now_us)], read,
+              [name, value, ttl_us, json.dumps(meta), clock.script_now(now_us)], read,
               OverrideUnavailable)
 
 
@@ -234,7 +300,7 @@ def _parsed(name: str, value: bytes | str | None, meta: bytes | str | None, now_
 
 # -- the API: one script call each, sync or on the asyncio driver --------------------------------
 
-def block(policy: Policy | str, identity: str | bytes | int, *, ttl: object, reason: str = "",
+def block(policy: Policy | str, identity: Who, *, ttl: object, reason: str = "",
           by: object = None, now_us: int | None = None) -> Override:
     """Refuse ``identity`` under ``policy`` (or "*") for ``ttl``, consuming nothing.
     (``now_us``, here and below: a time to start from instead of Redis's, for tests that
@@ -242,51 +308,51 @@ def block(policy: Policy | str, identity: str | bytes | int, *, ttl: object, rea
     return run(_setting(policy, identity, "b", ttl, reason, by, now_us=now_us))
 
 
-def allow(policy: Policy | str, identity: str | bytes | int, *, ttl: object, reason: str = "",
+def allow(policy: Policy | str, identity: Who, *, ttl: object, reason: str = "",
           by: object = None, now_us: int | None = None) -> Override:
     """Admit ``identity`` under ``policy`` (or "*") for ``ttl``, consuming nothing."""
     return run(_setting(policy, identity, "a", ttl, reason, by, now_us=now_us))
 
 
-def set_rate(policy: Policy | str, identity: str | bytes | int, rate: str, *, ttl: object,
+def set_rate(policy: Policy | str, identity: Who, rate: str, *, ttl: object,
              reason: str = "", by: object = None, now_us: int | None = None) -> Override:
     """Decide ``identity`` under ``policy`` at ``rate`` (its algorithm, on the identity's own
     state; for a concurrency policy, a number of slots) for ``ttl``."""
     return run(_setting(policy, identity, "r", ttl, reason, by, rate, now_us))
 
 
-def get(policy: Policy | str, identity: str | bytes | int, *, now_us: int | None = None
+def get(policy: Policy | str, identity: Who, *, now_us: int | None = None
         ) -> Override | None:
     """The live override of ``policy`` (a name, or "*") for ``identity``, or None. Only that
     field: a "*" override is ``get("*", identity)``."""
     return run(_getting(policy, identity, now_us))
 
 
-def clear(policy: Policy | str, identity: str | bytes | int) -> bool:
+def clear(policy: Policy | str, identity: Who) -> bool:
     """End the override of ``policy`` (or "*") for ``identity``; False when there was none."""
     return run(_clearing(policy, identity))
 
 
-def ablock(policy: Policy | str, identity: str | bytes | int, *, ttl: object, reason: str = "",
+def ablock(policy: Policy | str, identity: Who, *, ttl: object, reason: str = "",
            by: object = None) -> Awaitable[Override]:
     return arun(_setting(policy, identity, "b", ttl, reason, by))
 
 
-def aallow(policy: Policy | str, identity: str | bytes | int, *, ttl: object, reason: str = "",
+def aallow(policy: Policy | str, identity: Who, *, ttl: object, reason: str = "",
            by: object = None) -> Awaitable[Override]:
     return arun(_setting(policy, identity, "a", ttl, reason, by))
 
 
-def aset_rate(policy: Policy | str, identity: str | bytes | int, rate: str, *, ttl: object,
+def aset_rate(policy: Policy | str, identity: Who, rate: str, *, ttl: object,
               reason: str = "", by: object = None) -> Awaitable[Override]:
     return arun(_setting(policy, identity, "r", ttl, reason, by, rate))
 
 
-def aget(policy: Policy | str, identity: str | bytes | int) -> Awaitable[Override | None]:
+def aget(policy: Policy | str, identity: Who) -> Awaitable[Override | None]:
     return arun(_getting(policy, identity))
 
 
-def aclear(policy: Policy | str, identity: str | bytes | int) -> Awaitable[bool]:
+def aclear(policy: Policy | str, identity: Who) -> Awaitable[bool]:
     return arun(_clearing(policy, identity))
 
 
@@ -311,10 +377,10 @@ def scan(policy: str | None = None, count: int = 500) -> Iterator[Override]:
 
 # -- plumbing ----------------------------------------------------------------------------------
 
-def _getting(policy: Policy | str, identity: str | bytes | int, now_us: int | None = None
+def _getting(policy: Policy | str, identity: Who, now_us: int | None = None
              ) -> Op[Override | None]:
-    name, _resolved = _policy_name(policy, every=True, configured=False)
-    tag = _tag(identity)
+    name, resolved = _policy_name(policy, every=True, configured=False)
+    tag = _tag(_lenient(resolved, identity))
 
     def read(reply: Any) -> Override | None:
         return _parsed(name, reply[1], reply[2], int(reply[0]), tag)
@@ -323,9 +389,9 @@ def _getting(policy: Policy | str, identity: str | bytes | int, now_us: int | No
               [clock.script_now(now_us), name], read, OverrideUnavailable)
 
 
-def _clearing(policy: Policy | str, identity: str | bytes | int) -> Op[bool]:
+def _clearing(policy: Policy | str, identity: Who) -> Op[bool]:
     name, resolved = _policy_name(policy, every=True, configured=False)
-    tag = _tag(identity)
+    tag = _tag(_lenient(resolved, identity))
     state = None if resolved is None else resolved.tag_key(tag)
 
     def read(reply: Any) -> bool:

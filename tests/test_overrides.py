@@ -276,15 +276,18 @@ def test_the_management_command_runs_an_incident() -> None:
     said = command("block", "login", "203.0.113.7", "--ttl", "1h", "--reason", "stuffing")
     assert "login '203.0.113.7': block until" in said and "stuffing" in said
     assert login.hit("203.0.113.7").override == BLOCK
-    assert "rate 500/m" in command("rate", "api", "42", "500/m", "--ttl", "30d")
-    rerated = get_policy("api").hit("42")  # gcra, burst 20: the burst is kept, the rate is new
+    # "api" keys by user_or_ip: user 42 is "u42" (issue 35: "42" was stored and never matched)
+    with pytest.raises(CommandError, match="write 'u42' for user 42"):
+        command("rate", "api", "42", "500/m", "--ttl", "30d")
+    assert "rate 500/m" in command("rate", "api", "u42", "500/m", "--ttl", "30d")
+    rerated = get_policy("api").hit("u42")  # gcra, burst 20: the burst is kept, the rate is new
     assert (rerated.override, rerated.limit) == (RATE, 20)
     listed = command("list")
-    assert "login '203.0.113.7': block" in listed and "api '42': rate 500/m" in listed
+    assert "login '203.0.113.7': block" in listed and "api 'u42': rate 500/m" in listed
     assert "cleared" in command("clear", "login", "203.0.113.7")
     assert login.hit("203.0.113.7").override is None
     assert "no override to clear" in command("clear", "login", "203.0.113.7")
-    found = overrides.get("api", "42")
+    found = overrides.get("api", "u42")
     assert found is not None and (found.created_by or "").startswith("manage.py (")
     for wrong, message in ((("block", "nope", "x", "--ttl", "1h"), "no policy named 'nope'"),
                            (("block", "login", "x", "--ttl", "ever"), "duration"),
