@@ -8,21 +8,33 @@ request that left the field out skipped the limit. Each test here failed on the 
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
+from django.conf import settings as django_settings
 from django.test import Client, RequestFactory, override_settings
 
 from django_redislua.connection import get_client
 from django_redislua.keys import JSON_BODY_LIMIT, body_field, key_function, normalized
 from django_redislua.limiting.identity import ABSENT, ABSENT_TEXT, bound_identity, is_bound
+from django_redislua.testing import free_port
+from tests.processes import stop_group
 from tests.settings import MIDDLEWARE, REDISLUA
-from tests.testapp.login_views import MIDDLEWARE_POLICIES, POLICIES, RATE
+from tests.testapp.login_policies import MIDDLEWARE_POLICIES, POLICIES, RATE
 
 pytestmark = pytest.mark.urls("tests.testapp.login_views")
+ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("deco", "mw", "drf", "compat")
 LIMIT = int(RATE.partition("/")[0])
 rf = RequestFactory()
@@ -262,3 +274,66 @@ def test_a_normalizing_policy_counts_one_attacker_however_they_type(
         assert statuses == [401] * LIMIT + [429]
     else:
         assert statuses == [401] * 6  # five spellings, each its own budget
+
+
+# -- as deployed: the DRF JSON login under gunicorn ------------------------------------------------
+def http_post(port: int, path: str, body: bytes, content_type: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", path, body, {"Content-Type": content_type})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+@contextmanager
+def gunicorn() -> Iterator[int]:
+    """tests/login_settings.py (the login views) under gunicorn, 2 sync workers."""
+    port = free_port()
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.login_settings",
+           "REDIS_URL": django_settings.REDIS_URL,
+           "REDISLUA_CONNECTION": django_settings.REDIS_URL, "PYTHONPATH": str(ROOT)}
+    env.pop("PYTHONWARNINGS", None)
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "--workers", "2", "--bind", f"127.0.0.1:{port}",
+             "tests.wsgi:application"],
+            cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 40
+            while True:
+                try:
+                    # a GET of the login: DRF answers 405 once the app serves
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                    conn.request("GET", "/deco/get/?q=ready")
+                    conn.getresponse().read()
+                    conn.close()
+                    break
+                except OSError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        raise RuntimeError("gunicorn did not start:\n"
+                                           + log.read().decode()[-3000:]) from None
+                    time.sleep(0.2)
+            yield port
+        finally:
+            stop_group(process)
+
+
+@pytest.mark.slow
+def test_a_drf_json_login_under_gunicorn_is_limited_by_username() -> None:
+    with gunicorn() as port:
+        def attempt(body: dict[str, Any], content_type: str = "application/json") -> int:
+            data = (json.dumps(body) if content_type == "application/json"
+                    else urlencode(body)).encode()
+            return http_post(port, "/drf/login/", data, content_type)
+
+        json_login = [attempt({"username": "alice", "password": f"guess{i}"}) for i in range(8)]
+        form = "application/x-www-form-urlencoded"
+        form_login = [attempt({"username": "carol", "password": f"g{i}"}, form) for i in range(8)]
+        left_out = [attempt({"password": f"guess{i}"}) for i in range(8)]
+    assert json_login == [401] * 5 + [429] * 3  # was 8 x 401: never limited
+    assert form_login == [401] * 5 + [429] * 3
+    assert left_out == [401] * 5 + [429] * 3  # was 8 x 401: leaving the field out skipped it

@@ -21,19 +21,9 @@ from rest_framework.views import APIView
 from django_redislua.compat.ratelimit import ratelimit as compat_ratelimit
 from django_redislua.decorators import ratelimit
 from django_redislua.drf import PolicyThrottle
+from tests.testapp.login_policies import KEY_SPECS, MIDDLEWARE_POLICIES, POLICIES, RATE
 
-RATE = "5/m"
-# key kind -> the key spec every layer's endpoint of that kind is limited by
-KEY_SPECS = {"post": "post:username", "get": "get:q", "header": "header:x-api-key"}
-POLICIES: dict[str, dict[str, Any]] = {
-    f"rv-{kind}": {"algorithm": "sliding_log", "rate": RATE, "key": spec}
-    for kind, spec in KEY_SPECS.items()
-}
-POLICIES["login-user"] = {"algorithm": "sliding_log", "rate": RATE, "key": "post:username",
-                          "methods": ["POST"]}
-MIDDLEWARE_POLICIES = [{"path": f"/mw/{kind}/", "policy": f"rv-{kind}"} for kind in KEY_SPECS]
-MIDDLEWARE_POLICIES.append({"path": "/mw/login/", "policy": "login-user"})
-
+__all__ = ["MIDDLEWARE_POLICIES", "POLICIES", "RATE", "urlpatterns"]
 
 def credentials(request: HttpRequest) -> dict[str, Any]:
     """The posted credentials: a form, or a JSON object body (what the plain views accept)."""
