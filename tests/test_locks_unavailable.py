@@ -55,3 +55,69 @@ def test_a_server_that_stops_while_a_lock_is_held() -> None:
         server.stop()
         with pytest.raises(LockUnavailable):
             lock.release()
+
+
+@pytest.mark.parametrize("connection", DEAD)
+def test_coordination_helpers_raise_lock_unavailable(connection: str) -> None:
+    from django_redislua.locks import run_once, single_flight, singleton
+    from django_redislua.recipes import RecipeUnavailable, VersionedCache
+
+    ran: list[str] = []
+
+    @run_once(key="unavailable", timeout=5)
+    def handler() -> str:
+        ran.append("run_once")
+        return "done"
+
+    @singleton("unavailable", timeout=5)
+    def job() -> str:
+        ran.append("singleton")
+        return "done"
+
+    with override_settings(REDISLUA={"CONNECTION": connection, "SOCKET_TIMEOUT": 0.2}):
+        for call in (handler, handler.outcome, job,  # type: ignore[attr-defined]
+                     lambda: single_flight("unavailable", lambda: ran.append("flight"))):
+            with pytest.raises(LockUnavailable) as info:
+                call()
+            assert not isinstance(info.value, redis.RedisError)
+        with pytest.raises(RecipeUnavailable):
+            VersionedCache("unavailable").get_or_build("k", lambda: ran.append("cache"))
+    assert ran == []  # nothing ran without its lease
+
+
+@pytest.mark.parametrize("connection", DEAD)
+async def test_async_coordination_helpers_raise_lock_unavailable(connection: str) -> None:
+    from django_redislua.locks import asingle_flight, run_once
+
+    @run_once(key="unavailable", timeout=5)
+    async def handler() -> str:
+        return "done"
+
+    async def build() -> str:
+        return "built"
+
+    with override_settings(REDISLUA={"CONNECTION": connection, "SOCKET_TIMEOUT": 0.2}):
+        for call in (handler, handler.outcome,  # type: ignore[attr-defined]
+                     lambda: asingle_flight("unavailable", build)):
+            with pytest.raises(LockUnavailable):
+                await call()
+
+
+def test_a_jobs_own_redis_error_is_its_own_not_lock_unavailable() -> None:
+    """Only the helpers' own Redis calls become LockUnavailable: a job, handler or build that
+    itself fails to reach a Redis (its own cache, say) raises its own error, unchanged."""
+    from django_redislua.locks import run_once, single_flight, singleton
+    from django_redislua.recipes import VersionedCache
+
+    own = redis.ConnectionError("the job's own Redis is down")
+
+    def failing() -> None:
+        raise own
+
+    for call in (run_once(key="own-error", timeout=5)(failing),
+                 singleton("own-error", timeout=5)(failing),
+                 lambda: single_flight("own-error", failing),
+                 lambda: VersionedCache("own-error").get_or_build("k", failing)):
+        with pytest.raises(redis.ConnectionError) as info:
+            call()
+        assert info.value is own

@@ -54,6 +54,41 @@ P = ParamSpec("P")
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
+
+class _Raised(Exception):
+    """Carries an exception the caller's own code (a job, a handler, a build) raised past
+    :func:`lock_errors`, which turns only this module's own Redis failures into
+    LockUnavailable: a build that itself fails to reach Redis raises its own error."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(exc)
+        self.exc = exc
+
+
+def _own(body: Invoke) -> Protocol[Any]:
+    """``yield body``, an Exception it raises carried in :class:`_Raised` (a cancellation, a
+    BaseException, passes as it is)."""
+    try:
+        return (yield body)
+    except Exception as exc:
+        raise _Raised(exc) from None
+
+
+def own_errors(protocol: Protocol[R]) -> Protocol[R]:
+    """``protocol`` with Redis failing raised as LockUnavailable, and the caller's own
+    exceptions (:class:`_Raised`) raised as they are. Every entry point runs through it."""
+    own: Exception | None = None
+    try:
+        return (yield from lock_errors(protocol))
+    except _Raised as carried:
+        own = carried.exc
+    raise own  # outside the except: not chained to the carrier
+
+
+def unwrapped(exc: BaseException) -> BaseException:
+    """The caller's own exception a :class:`_Raised` carries, else ``exc``."""
+    return exc.exc if isinstance(exc, _Raised) else exc
+
 _RUN = 0
 _IN_PROGRESS = 1
 _DONE = 2
@@ -92,7 +127,7 @@ def singleton(name: str, timeout: float | str, wait: bool = False,
                 logger.info("%s skipped: %s", what, (yield from _holder(held)))
                 return None
             try:
-                result = yield body
+                result = yield from _own(body)
             except BaseException:
                 yield from held._leaving(True)
                 raise
@@ -107,13 +142,15 @@ def singleton(name: str, timeout: float | str, wait: bool = False,
 
             @functools.wraps(func)
             async def run_async(*args: P.args, **kwargs: P.kwargs) -> Any:
-                return await arun(running(Invoke(functools.partial(async_func, *args, **kwargs))))
+                return await arun(own_errors(running(Invoke(functools.partial(async_func, *args,
+                                                                                **kwargs)))))
 
             return cast(Callable[P, R | None], run_async)
 
         @functools.wraps(func)
         def run_sync(*args: P.args, **kwargs: P.kwargs) -> R | None:
-            return cast(R | None, run(running(Invoke(functools.partial(func, *args, **kwargs)))))
+            return cast(R | None, run(own_errors(running(Invoke(functools.partial(func, *args,
+                                                                             **kwargs))))))
 
         return run_sync
 
@@ -336,7 +373,7 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
         renewer = yield from start_renewing(once.lease(), lease_ms / 1000, once.lost,
                                             once.keys.base)
         try:
-            result = yield body
+            result = yield from _own(body)
         except BaseException:
             # Also on cancellation: give the key back, so a later call runs it again.
             yield from stop_renewing(renewer)
@@ -371,10 +408,12 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
 
             @functools.wraps(func)
             async def run_async(*args: P.args, **kwargs: P.kwargs) -> Any:
-                return await arun(calling(once_for(*args, **kwargs), async_body(*args, **kwargs)))
+                return await arun(own_errors(calling(once_for(*args, **kwargs),
+                                                     async_body(*args, **kwargs))))
 
             async def outcome_async(*args: P.args, **kwargs: P.kwargs) -> RunOutcome[Any]:
-                return await arun(running(once_for(*args, **kwargs), async_body(*args, **kwargs)))
+                return await arun(own_errors(running(once_for(*args, **kwargs),
+                                                     async_body(*args, **kwargs))))
 
             run_async.outcome = outcome_async  # type: ignore[attr-defined]
             return run_async
@@ -382,11 +421,11 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
         @functools.wraps(func)
         def run_sync(*args: P.args, **kwargs: P.kwargs) -> Any:
             body = Invoke(functools.partial(func, *args, **kwargs))
-            return run(calling(once_for(*args, **kwargs), body))
+            return run(own_errors(calling(once_for(*args, **kwargs), body)))
 
         def outcome_sync(*args: P.args, **kwargs: P.kwargs) -> RunOutcome[Any]:
             body = Invoke(functools.partial(func, *args, **kwargs))
-            return run(running(once_for(*args, **kwargs), body))
+            return run(own_errors(running(once_for(*args, **kwargs), body)))
 
         run_sync.outcome = outcome_sync  # type: ignore[attr-defined]
         return run_sync
@@ -579,13 +618,13 @@ def forgetting(keys: Keys) -> Protocol[bool]:
 def fly(flight: Flight, build: Callable[[], R], ttl: float | str,
         stale_ttl: float | str) -> R:
     """Run one single flight (see :func:`single_flight`)."""
-    return cast(R, run(flying(flight, Invoke(build), ttl, stale_ttl)))
+    return cast(R, run(own_errors(flying(flight, Invoke(build), ttl, stale_ttl))))
 
 
 def afly(flight: Flight, build: Callable[[], Awaitable[R]], ttl: float | str,
          stale_ttl: float | str) -> Awaitable[R]:
     """The asyncio twin of :func:`fly`."""
-    return arun(flying(flight, Invoke(build), ttl, stale_ttl))
+    return arun(own_errors(flying(flight, Invoke(build), ttl, stale_ttl)))
 
 
 def flying(flight: Flight, build: Invoke, ttl: float | str, stale_ttl: float | str
@@ -619,12 +658,13 @@ def flying(flight: Flight, build: Invoke, ttl: float | str, stale_ttl: float | s
     renewer = yield from start_renewing(flight.lease(), flight.lease_seconds, flight.lost,
                                         flight.keys.base)
     try:
-        value = yield build
+        value = yield from _own(build)
     except BaseException as exc:
         yield from stop_renewing(renewer)
         # A cancelled build (not an error of the build) is not shared: a waiter builds instead.
-        outcome = "failed" if isinstance(exc, Exception) else "released"
-        flight.finished((yield from ending(outcome, exc)), outcome)
+        own = unwrapped(exc)
+        outcome = "failed" if isinstance(own, Exception) else "released"
+        flight.finished((yield from ending(outcome, own)), outcome)
         raise
     yield from stop_renewing(renewer)
     flight.finished((yield from ending("store", value)), "store")

@@ -17,7 +17,7 @@ import pickle
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar, cast
 
-from django_redislua.locks.coordination import Flight, flight_keys, flying
+from django_redislua.locks.coordination import Flight, flight_keys, flying, own_errors
 from django_redislua.locks.keys import Keys
 from django_redislua.protocol import Invoke, Protocol
 from django_redislua.recipes.base import (
@@ -149,4 +149,4 @@ class VersionedCache:
     def _building(self, cache_key: str | bytes | int, build: Invoke, ttl: float | str,
                   stale_ttl: float | str, lock_timeout: float | str) -> Protocol[Any]:
         flight = Flight(self.keys(cache_key), lock_timeout, versioned=True, name=str(cache_key))
-        return recipe_errors(flying(flight, build, ttl, stale_ttl), "get_or_build")
+        return own_errors(recipe_errors(flying(flight, build, ttl, stale_ttl), "get_or_build"))
