@@ -38,6 +38,10 @@ class Decision(NamedTuple):
     lease: str | None = None
     local: bool = False  # answered by this process's denial cache, without a round trip
     override: str | None = None  # BLOCK, ALLOW or RATE: a live override's doing
+    # What this hit took from the policy's state (its cost), 0 when it took nothing (a denial,
+    # a peek, a live override's block or allow, a gating rule denied by another): what a
+    # count_failures policy gives back for a request that did not fail (limiting/refund.py).
+    consumed: int = 0
 
     def __bool__(self) -> bool:
         return self.allowed

@@ -162,7 +162,7 @@ class _One:
         return self._metered(_decision(
             (allowed, policy.limit, reply[1], reply[2] / US, reply[3] / US, policy, self.identity,
              self.extra if allowed and policy.code == "cc" and not self.peek else None, False,
-             None)))
+             None, self.cost if allowed and not self.peek else 0)))
 
     def failed(self, failure: BaseException) -> Protocol[Decision]:
         """Timed as a failure (a socket timeout takes time too); a concurrency lease the lost
@@ -199,7 +199,8 @@ def _overridden(one: _One, reply: Sequence[int]) -> Decision:
         denials.learn(one.key, one.cost, one.sent, policy, reply, consumed=consumed, by=override)
     lease = one.extra if consumed and policy.code == "cc" and not one.peek else None
     return Decision(allowed, reply[4] if override == RATE else policy.limit, reply[1],
-                    reply[2] / US, _retry(reply[3]), policy, one.identity, lease, False, override)
+                    reply[2] / US, _retry(reply[3]), policy, one.identity, lease, False, override,
+                    one.cost if consumed and not one.peek else 0)
 
 
 def _retry(retry_us: int) -> float:
@@ -324,6 +325,7 @@ class _Plan:
                 decision = Decision(
                     allowed, reply[6 * n + 4], reply[6 * n + 1], reply[6 * n + 2] / US,
                     _retry(reply[6 * n + 3]), policy, identity, lease, False, override,
+                    cost if consumed else 0,
                 )
                 if not peek:
                     denials.learn(key, cost, self.sent, policy, reply[6 * n:6 * n + 6], consumed,
