@@ -142,6 +142,12 @@ class _One:
         if call[0] != conf.generation:
             call = _single_call(policy)
         self.script = call[1]
+        if policy.keeps_rate:  # a rate callable's rate: kept beside the state when consumed
+            self.command = (*call[2], key, overrides, policy.rate_key(key[key.rindex("{") + 1:-1]),
+                            "peek" if peek else "hit", clock.script_now(now_us), policy.code,
+                            policy.limit, policy.param, cost, extra, "1", policy.name,
+                            policy.rate_record)
+            return
         self.command = (*call[2], key, overrides, "peek" if peek else "hit",
                         clock.script_now(now_us), policy.code, policy.limit, policy.param, cost,
                         extra, "1", policy.name)
@@ -214,9 +220,11 @@ def _single_call(policy: Policy) -> tuple[int, Script, tuple[Any, ...]]:
     the command up to the key ("EVALSHA", sha, 1), cached on the policy with the settings
     generation (the head follows USE_FUNCTIONS). Only what the algorithm code and the settings
     decide: a policy derived with another rate (``with_rate``) copies the cache, and reads its
-    own limit and period."""
+    own limit and period; one that keeps its rate (a rate callable's) builds its own, with one
+    key more."""
     script = get_script(SCRIPT_ONE[policy.code])
-    call = policy._single_call = (conf.generation, script, (*script.head(), 2))
+    keys = 3 if policy.keeps_rate else 2  # with the key keeping a rate callable's rate
+    call = policy._single_call = (conf.generation, script, (*script.head(), keys))
     return call
 
 
@@ -279,14 +287,19 @@ class _Plan:
         for group in groups:
             keys: list[str] = []
             args: list[Any] = [mode, clock.script_now(now_us)]
-            for j in group:
+            rate_keys: list[str] = []  # a rate callable's rate is kept beside its state
+            kept: list[Any] = []  # per kept rate: its policy's place in the call, its record
+            for i, j in enumerate(group, 1):
                 policy, _identity, cost, gate, key = unique[j]
                 keys.append(key)
                 self.extras[j] = _extra(policy)
                 args += (policy.code, policy.limit, policy.param, cost, self.extras[j],
                          "1" if gate else "0", policy.name)
+                if policy.keeps_rate and not peek:
+                    rate_keys.append(policy.rate_key(key[key.rindex("{") + 1:-1]))
+                    kept += (i, policy.rate_record)
             keys += [overrides[key] for key in keys]  # KEYS[N + i]: policy i's override hash
-            self.calls.append((keys, args))
+            self.calls.append((keys + rate_keys, args + kept))  # see ratelimit.lua's KEYS/ARGV
 
     def commands(self, script: Script) -> list[tuple[Any, ...]]:
         """The script calls to make: one per slot group, sent together (protocol.call_groups)."""

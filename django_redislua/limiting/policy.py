@@ -56,6 +56,10 @@ MAX_EXACT = 2**53
 # The key kind of an identity's live overrides (django_redislua.overrides): one hash per
 # identity, "<KEY_PREFIX>:ov:{<identity>}", in the slot of the identity's state keys.
 OVERRIDES = "ov"
+# The key kind of the rate a rate callable last gave an identity (see Policy.rate_key): two
+# letters, none of ALGORITHMS' codes, so never read as a state key.
+RATE_KEPT = "rt"
+MAX_RATE_TEXT = 40  # characters of a kept rate's text ("1000/h"): a bound, never reached
 
 
 def overrides_key(tag: str) -> str:
@@ -89,6 +93,12 @@ class Policy:
     ``rate`` is ``"N/period"``; it may also be a callable ``(request) -> str | None`` or its
     dotted path, which the Django layers resolve per request with :meth:`with_rate`.
     """
+
+    # A policy at a rate its rate callable gave (see _derived) keeps that rate beside each
+    # identity's state (rate_key), as ``rate_record``, so the admin can peek at it.
+    keeps_rate = False
+    rate_record = ""
+    _rate_head: tuple[int, str] = (-1, "")  # (settings generation, rate_key's head)
 
     def __init__(
         self,
@@ -320,6 +330,16 @@ class Policy:
         bound = bound_identity(identity)
         return head[1] + bound + "}", head[2] + bound + "}"
 
+    def rate_key(self, tag: str) -> str:
+        """The key keeping the rate this policy's rate callable last gave the identity whose
+        hash tag (:func:`bound_identity`) is ``tag``: ``<KEY_PREFIX>:<name>:rt:{<tag>}``, in
+        the slot of its state. Written by the decision scripts (see ratelimit.lua)."""
+        head = self._rate_head
+        if head[0] != conf.generation:
+            head = self._rate_head = (
+                conf.generation, f"{settings.KEY_PREFIX}:{self.name}:{RATE_KEPT}:{{")
+        return head[1] + tag + "}"
+
     def _heads(self) -> tuple[int, str, str]:
         head = self._key_head  # every decision builds a key: the head is built once per settings
         if head[0] != conf.generation:
@@ -404,6 +424,14 @@ def _derived(policy: Policy, rate: str) -> Policy:
         derived._set_rate(parse_rate(rate), fixed=False)
     except RateError as exc:
         raise PolicyError("redislua.E006", f"policy {policy.name!r}: {exc}") from None
+    if policy.is_dynamic or policy.keeps_rate:
+        # The admin cannot know a rate its callable gives per request: each decision that
+        # consumes keeps it beside the identity's state (ratelimit.lua). A fixed-rate policy's
+        # with_rate (tests, overrides' set_rate) sends nothing more.
+        derived.keeps_rate = True
+        derived.rate_record = (f"{derived.code}|{derived.limit}|{derived.param}|{derived.extra}"
+                               f"|{str(derived.rate)[:MAX_RATE_TEXT]}")
+        derived._single_call = (-1, None, ())  # its command has one key more (engine._One)
     return derived
 
 

@@ -18,6 +18,10 @@
 --   extra (the lease id for "cc", q for the buckets, otherwise ""),
 --   gate ("1": a denial by this policy denies the request, "0": it only marks it),
 --   name (the policy's, its field in the override hash).
+-- Then, for the M policies (0 <= M <= N) at a rate their rate callable gave: KEYS[2N + j] the
+-- key keeping that rate (j = 1..M), and two ARGV after the policies', ARGV[2 + 7N + 2j - 1] the
+-- index i of its policy and ARGV[2 + 7N + 2j] its record. (So N is (#ARGV - 2 - 2 * #KEYS) / 3;
+-- a call without kept rates is the layout above, unchanged.)
 --
 -- Returns six integers per policy: allowed (1/0, plus 2 when a live override answered, 4 when
 -- it changed the rate), remaining, reset_after (us), retry_after (us; 0 when allowed), the
@@ -35,6 +39,16 @@
 -- allowed (boolean), remaining, reset (reset_after, us) and retry (retry_after, us). A block
 -- writes only when consume is true and the request is allowed. Here they are the branches of one
 -- function of those inputs, decide_policy, defined once per Functions library.
+--
+-- Kept rates: a policy whose rate is a callable (per-plan rates) is decided at the rate it gives
+-- per request, which nothing outside the request knows; the admin could not peek at such a
+-- state. So a decision at such a rate that consumes (writes the state) also writes the rate's
+-- record beside it, "<KEY_PREFIX>:<policy name>:rt:{<identity tag>}" (the state's hash tag; "rt"
+-- is no algorithm code, so it is never taken for a state key), expiring with the state
+-- (lib/keep_rate.lua). The record is "CODE|LIMIT|PARAM|EXTRA|RATE": the algorithm code, the
+-- limit, param and extra the rate decides with (as ARGV sends them) and its text ("100/h"): the
+-- callable's rate, not a live override's (an override's changed rate decides instead of it, and
+-- the record still names the callable's). A fixed rate keeps nothing and sends nothing more.
 --
 -- Times and durations are integer microseconds held in Lua numbers (doubles, exact below 2^53).
 -- Numbers passed straight to redis.call are sent exactly ("%.17g"); only concatenation needs

@@ -1,9 +1,11 @@
 -- Rate-limit decision for one sliding_log policy ("sl"): KEYS and ARGV as ratelimit.lua's with
--- one policy (KEYS[1] its state key, KEYS[2] its identity's override hash; ARGV[1] "hit", "peek" or "soft"; ARGV[2] "" (TIME), "+N"
--- (TIME plus N us) or the time; ARGV[3..9] the policy's seven). The engine sends a single check
--- here (ARGV[3], the algorithm's code, is this script's). Flat: an EVALSHA re-creates every
--- function a script defines on each call, so the algorithm is inlined as a block between the
--- single-policy start and end.
+-- one policy: KEYS[1] its state key, KEYS[2] its identity's override hash; ARGV[1] "hit",
+-- "peek" or "soft"; ARGV[2] "" (TIME), "+N" (TIME plus N us) or the time; ARGV[3..9] the
+-- policy's seven. A policy at a rate its rate callable gave adds KEYS[3], the key keeping
+-- that rate, and ARGV[10], its record (ratelimit.lua, "Kept rates"). The engine sends a
+-- single check here (ARGV[3], the algorithm's code, is this script's). Flat: an EVALSHA
+-- re-creates every function a script defines on each call, so the algorithm is inlined as a
+-- block between the single-policy start and end.
 --#per-call
 --#include lib/single_begin.lua
 --#include lib/sliding_log.lua

@@ -4,7 +4,13 @@ local function decide_all(KEYS, ARGV)
   local now = ARGV[2]
 --#include lib/clock.lua
   local hit = ARGV[1] == 'hit' or ARGV[1] == 'soft'
-  local n = #KEYS / 2
+  -- N policies bring 2 KEYS and 7 ARGV each, the kept rates 1 KEY and 2 ARGV each.
+  local n = (#ARGV - 2 - 2 * #KEYS) / 3
+  local kept = false  -- policy i -> j, its kept rate's: KEYS[2N + j], ARGV[2 + 7N + 2j - 1..]
+  if #KEYS > 2 * n then
+    kept = {}
+    for j = 1, #KEYS - 2 * n do kept[tonumber(ARGV[2 + 7 * n + 2 * j - 1])] = j end
+  end
 
   -- Each policy's live override, read once (lib/override.lua): its kind (false: none), end,
   -- and the limit, param and extra to decide with.
@@ -57,6 +63,11 @@ local function decide_all(KEYS, ARGV)
         reply[6 * i - 4] = remaining
         reply[6 * i - 3] = reset
         reply[6 * i - 2] = retry
+        local j = kept and kept[i]
+        if j and found[i][1] ~= 'a' then  -- an override's allow wrote nothing
+          local key, rate_key, rate_record = KEYS[i], KEYS[2 * n + j], ARGV[2 + 7 * n + 2 * j]
+--#include lib/keep_rate.lua
+        end
       end
     end
   end
