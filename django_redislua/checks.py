@@ -133,6 +133,7 @@ def _policies(config: dict[str, Any]) -> list[CheckMessage]:
         except PolicyError as exc:
             messages.append(_error(exc.check_id, str(exc)))
             continue
+        messages += _body_key_on_every_method(policy)
         unknown = sorted(set(options) - POLICY_OPTIONS)
         if unknown:
             messages.append(
@@ -144,6 +145,31 @@ def _policies(config: dict[str, Any]) -> list[CheckMessage]:
                 )
             )
     return messages
+
+
+# Methods whose requests carry no form or body a post:<param> key could read.
+_BODYLESS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
+
+
+def _body_key_on_every_method(policy: Any) -> list[CheckMessage]:
+    """redislua.W007: a ``post:<param>`` key on a policy without ``methods`` (or with a method
+    that carries no body): every GET shares the identity of requests lacking the field, so
+    one budget for all of them, not a skipped limit (it was before issue 35)."""
+    key = policy.key
+    if not (isinstance(key, str) and key.startswith("post:")):
+        return []
+    bodyless = sorted(_BODYLESS if policy.methods is None else policy.methods & _BODYLESS)
+    if not bodyless:
+        return []
+    applies = "every method" if policy.methods is None else f"{', '.join(bodyless)}"
+    return [Warning(
+        f"policy {policy.name!r} keys by {key!r} and applies to {applies}: those requests carry "
+        "no body, so they all share the one identity of requests lacking the field ('#absent') "
+        "and one budget.",
+        hint=f"Limit it to the methods that post the field, e.g. \"methods\": [\"POST\"]. "
+             f"See {check_url('redislua.W007')}",
+        id="redislua.W007",
+    )]
 
 
 def _metrics(value: Any) -> list[CheckMessage]:

@@ -106,6 +106,22 @@ def test_e011_methods():
     assert policy(rate="5/m", methods=["PO ST"]) == ["redislua.E011"]
 
 
+def test_w007_a_post_key_on_methods_without_a_body():
+    # issue 35: a request lacking the field is limited under one shared identity, so every
+    # GET of a post:-keyed policy without methods shares one budget
+    assert policy(rate="5/m", key="post:username") == ["redislua.W007"]
+    assert policy(rate="5/m", key="post:username", methods=["GET", "POST"]) == ["redislua.W007"]
+    assert policy(rate="5/m", key="post:username", methods=["POST"]) == []
+    assert policy(rate="5/m", key="post:username", methods=["POST", "PUT", "PATCH"]) == []
+    assert policy(rate="5/m", key="get:q") == []  # a query string can be on any method
+    assert policy(rate="5/m", key="header:x-api-key") == []
+
+
+def test_e011_normalize_is_a_bool():
+    assert policy(rate="5/m", normalize="yes") == ["redislua.E011"]
+    assert policy(rate="5/m", normalize=True) == []
+
+
 def test_e012_headers():
     assert ids(HEADERS="rfc") == ["redislua.E012"]
 

@@ -12,6 +12,7 @@ POLICIES: dict[str, dict[str, Any]] = {
     f"rv-{kind}": {"algorithm": "sliding_log", "rate": RATE, "key": spec}
     for kind, spec in KEY_SPECS.items()
 }
+POLICIES["rv-post"]["methods"] = ["POST"]  # else redislua.W007: every GET would share #absent
 POLICIES["login-user"] = {"algorithm": "sliding_log", "rate": RATE, "key": "post:username",
                           "methods": ["POST"]}
 MIDDLEWARE_POLICIES = [{"path": f"/mw/{kind}/", "policy": f"rv-{kind}"} for kind in KEY_SPECS]
