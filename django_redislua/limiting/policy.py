@@ -40,7 +40,7 @@ DEFAULT_CONCURRENCY_TIMEOUT = 60.0
 # Django layers; the core stores them untouched.
 POLICY_OPTIONS = frozenset(
     {"algorithm", "rate", "burst", "limit", "timeout", "key", "methods", "cost", "block", "mode",
-     "fallback_rate", "normalize"}
+     "fallback_rate", "normalize", "count_failures"}
 )
 # "enforce": the Django layers deny what the policy denies. "shadow": decided, counted and
 # signalled exactly the same, but never blocks a request and sets no headers (a dry run).
@@ -48,6 +48,13 @@ ENFORCE, SHADOW = "enforce", "shadow"
 MODES = (ENFORCE, SHADOW)
 
 RateSpec = str | Callable[..., str | None] | None
+# count_failures: True (4xx), status codes, or a callable (request, response) -> bool (or its
+# dotted path); as a Policy holds it, the statuses or the callable.
+CountFailures = bool | Sequence[int] | Callable[..., Any] | str | None
+FailureRule = frozenset[int] | Callable[..., Any]
+CLIENT_ERROR_STATUSES = frozenset(range(400, 500))
+# The shortest window period count_failures takes (half of it locates a refund's hit).
+MIN_REFUND_PERIOD_US = 1_000_000
 # What a rate callable's dotted path looks like ("myapp.limits.rate_for"), unlike "5 per minute".
 _DOTTED_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 # Integers above 2^53 are not exact in a Lua number (a double): the scripts' bucket arithmetic
@@ -116,6 +123,7 @@ class Policy:
         mode: str = ENFORCE,
         fallback_rate: str | None = None,
         normalize: bool = False,
+        count_failures: CountFailures = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise PolicyError(
@@ -152,6 +160,10 @@ class Policy:
                 "redislua.E011", f"policy {name!r}: normalize must be True or False, not "
                 f"{normalize!r:.40}")
         self.normalize = normalize
+        # Which responses are failures (the Django layers give every other admitted hit back,
+        # see limiting/refund.py): statuses, or a callable (request, response) -> bool; None:
+        # every request counts.
+        self.count_failures = _count_failures(name, algorithm, count_failures)
         self.fallback_rate: str | None = None
         self.rate_spec: RateSpec = rate
         self.rate: Rate | None = None
@@ -221,6 +233,14 @@ class Policy:
                 "redislua.E006",
                 f"policy {name!r}: fallback_rate is the rate a rate callable's mistake falls back "
                 "to; this policy's rate is not a callable",
+            )
+        if (self.count_failures is not None and algorithm in WINDOW_ALGORITHMS
+                and self.param < MIN_REFUND_PERIOD_US):
+            # A refund finds its hit's window within half a period (ratelimit_refund.lua).
+            raise PolicyError(
+                "redislua.E030",
+                f"policy {name!r}: count_failures needs a period of at least 1 s with "
+                f"{algorithm}, not {rate}",
             )
 
     def _set_rate(self, rate: Rate, *, fixed: bool = True) -> None:
@@ -399,6 +419,32 @@ class RateCallableError(PolicyError):
         )
         self.policy = policy
         self.fallback = fallback
+
+
+def _count_failures(name: str, algorithm: str, spec: object) -> FailureRule | None:
+    """The ``count_failures`` option as the Django layers read it (None: off); redislua.E030
+    when it is none of its forms, or on a concurrency policy."""
+    if spec is None or spec is False:
+        return None
+    what = f"policy {name!r}: count_failures"
+    if algorithm == "concurrency":
+        raise PolicyError(
+            "redislua.E030", f"{what} does not apply to a concurrency policy (its slot is "
+            "given back when the response is done, failed or not)")
+    if spec is True:
+        return CLIENT_ERROR_STATUSES
+    if isinstance(spec, list | tuple | set | frozenset):
+        if spec and all(type(s) is int and 100 <= s <= 599 for s in spec):
+            return frozenset(spec)
+        raise PolicyError(
+            "redislua.E030",
+            f"{what} must list HTTP status codes (100-599), such as [401, 403], not {spec!r:.60}")
+    if callable(spec) or (isinstance(spec, str) and _DOTTED_PATH.fullmatch(spec)):
+        return resolve_callable(spec, "redislua.E030", what)
+    raise PolicyError(
+        "redislua.E030",
+        f"{what} must be True (a 4xx response is a failure), a list of status codes such as "
+        f"[401], or a callable (request, response) -> bool or its dotted path, not {spec!r:.60}")
 
 
 def check_cost(policy: Policy, cost: int) -> None:
