@@ -78,6 +78,9 @@ FIXES = {
     "redislua.E029": "Name the policy on the view: throttle_policy = \"api\" (a name or a "
                      "list); or take PolicyThrottle out of its throttle_classes "
                      "(throttle_policy = None says no policy on purpose).",
+    "redislua.E030": "Use \"count_failures\": True (a 4xx is a failure), a list of statuses "
+                     "such as [401], or a callable (request, response) -> bool; on a rate "
+                     "algorithm, with a window period of at least 1 s.",
 }
 
 

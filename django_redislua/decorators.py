@@ -24,7 +24,7 @@ from django.http import HttpRequest, HttpResponseBase
 from django.views import View
 
 from django_redislua.limiting.decision import PolicyError
-from django_redislua.limiting.policy import Policy
+from django_redislua.limiting.policy import CountFailures, Policy
 from django_redislua.limiting.registry import broken_in_settings, get_policy
 from django_redislua.request_layer import (
     Rule,
@@ -37,7 +37,8 @@ from django_redislua.request_layer import (
 from django_redislua.transport import arun, run
 
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
-INLINE_OPTIONS = ("rate", "algorithm", "burst", "limit", "timeout", "fallback_rate", "normalize")
+INLINE_OPTIONS = ("rate", "algorithm", "burst", "limit", "timeout", "fallback_rate", "normalize",
+                  "count_failures")
 _STACK_ATTR = "_redislua_stack"
 _DONE_ATTR = "_redislua_done"
 
@@ -260,7 +261,7 @@ def _unknown_arguments(unknown: dict[str, Any]) -> str:
         else:
             hints.append(f"{name}= is not an argument of ratelimit()")
     arguments = ("policy, rate, key, algorithm, methods, block, cost, burst, limit, timeout, "
-                 "fallback_rate, normalize, group")
+                 "fallback_rate, normalize, count_failures, group")
     return f"ratelimit(): {'; '.join(hints)}. Its arguments: {arguments}."
 
 
@@ -278,6 +279,7 @@ def ratelimit(
     timeout: float | str | None = None,
     fallback_rate: str | None = None,
     normalize: bool | None = None,
+    count_failures: CountFailures = None,
     group: str | None = None,
     **unknown: Any,
 ) -> Callable[[ViewT], ViewT]:
@@ -286,9 +288,11 @@ def ratelimit(
     ``@ratelimit("login")`` uses the configured policy (``key``, ``methods``, ``block`` and
     ``cost`` may be overridden here). ``@ratelimit(rate="10/m", key="user_or_ip",
     algorithm="gcra", ...)`` defines one inline, named after the view (or ``group``: views
-    sharing a group share the counter). Works on sync and ``async def`` views, on class-based
-    views (decorate the class, or ``method_decorator``), and stacked: one script call decides
-    every ``@ratelimit`` of the view, all-or-nothing.
+    sharing a group share the counter); ``count_failures=[401]`` (or True, or a callable
+    ``(request, response) -> bool``) counts only the requests whose response is a failure, for
+    a login. Works on sync and ``async def`` views, on class-based views (decorate the class,
+    or ``method_decorator``), and stacked: one script call decides every ``@ratelimit`` of the
+    view, all-or-nothing.
 
     A mistake a check could only find at request time is refused here, when the view module is
     imported: ``@ratelimit`` without its parentheses, and an argument it does not take
@@ -305,7 +309,7 @@ def ratelimit(
     given = {
         "rate": rate, "key": key, "algorithm": algorithm, "methods": methods, "block": block,
         "cost": cost, "burst": burst, "limit": limit, "timeout": timeout,
-        "fallback_rate": fallback_rate, "normalize": normalize,
+        "fallback_rate": fallback_rate, "normalize": normalize, "count_failures": count_failures,
     }
     options = {k: v for k, v in given.items() if v is not None}
     if policy is None:

@@ -53,6 +53,7 @@ from django_redislua.keys import DRF_SCOPE_KEY, masked
 from django_redislua.limiting import Decision, Policy, PolicyError, denials, evaluate, parse_rate
 from django_redislua.limiting.engine import Check, PartlyDecided
 from django_redislua.limiting.rates import RateError
+from django_redislua.limiting.refund import Refund, refunds_of
 from django_redislua.reporting import report_broken
 from django_redislua.request_layer import (
     UNAVAILABLE_RETRY_AFTER,
@@ -61,6 +62,7 @@ from django_redislua.request_layer import (
     enforced,
     mark_logged,
     record_shadow,
+    refund_unless_failed,
     release_all,
     report_failure,
     rule_for_name,
@@ -352,7 +354,9 @@ class PolicyThrottle(BaseThrottle):
     Each policy's ``key``, ``methods``, ``cost`` and callable ``rate`` apply as with the
     decorator, and its state is the same Redis key, so a policy shared by a decorated view and an
     API view is one budget. Several policies are decided by one script call, all-or-nothing. A
-    concurrency slot is released when DRF finalizes the response (or lets an exception escape).
+    concurrency slot is released when DRF finalizes the response (or lets an exception escape);
+    a ``count_failures`` policy's hit is given back then, unless the finalized response is a
+    failure (an exception DRF handles is its response; one it lets escape keeps the hit).
     """
 
     policy_attr = "throttle_policy"
@@ -384,8 +388,9 @@ class PolicyThrottle(BaseThrottle):
             return True  # FAIL_OPEN
         self.decisions = [d for d in decisions if d is not None]
         held = [d for d in self.decisions if d.lease is not None]
-        if held:
-            _release_when_done(view, held)
+        refunds = refunds_of(self.decisions)
+        if held or refunds:
+            _finish_when_done(view, held, refunds)
         # A policy with "block": False only marks the request (request.limited); it never denies,
         # and neither does one in shadow mode.
         self.blocking = [d for d, rule in zip(decisions, rules, strict=True)
@@ -397,34 +402,43 @@ class PolicyThrottle(BaseThrottle):
         return _wait(max(waits)) if waits else None
 
 
-def _release_when_done(view: APIView, held: list[Decision]) -> None:
-    """Release ``held`` concurrency slots as this view (one instance per request) finishes.
+def _finish_when_done(view: APIView, held: list[Decision], refunds: tuple[Refund, ...]) -> None:
+    """As this view (one instance per request) finishes: give back ``refunds`` unless the
+    response is a failure (DRF has no end-of-request hook for throttles), and release ``held``
+    concurrency slots.
 
     DRF ends every request in ``finalize_response``, or in ``raise_uncaught_exception`` when no
-    exception handler produced a response; both are wrapped on this instance only.
+    exception handler produced a response (a failure: nothing given back); both are wrapped on
+    this instance only, and the first to end the request does it, once.
     """
-    released = False
+    finished = False
 
-    def release() -> None:
-        nonlocal released
-        if not released:
-            released = True
+    def finish(request: Request | None, response: Any) -> None:
+        nonlocal finished
+        if finished:
+            return
+        finished = True
+        if refunds and response is not None:
+            refund_unless_failed(request, response, refunds)  # a Redis failure is logged
+        if held:
             release_all(held)  # a Redis failure is logged; the lease expires by itself
 
     finalize_response = view.finalize_response
     raise_uncaught_exception = view.raise_uncaught_exception
 
-    def finalize_and_release(request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+    def finalize_and_finish(request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        finalized = None
         try:
-            return finalize_response(request, response, *args, **kwargs)
+            finalized = finalize_response(request, response, *args, **kwargs)
+            return finalized
         finally:
-            release()
+            finish(request, finalized)
 
-    def raise_and_release(exc: Exception) -> Any:
+    def raise_and_finish(exc: Exception) -> Any:
         try:
             raise_uncaught_exception(exc)
         finally:
-            release()
+            finish(None, None)
 
-    view.finalize_response = finalize_and_release  # type: ignore[method-assign]
-    view.raise_uncaught_exception = raise_and_release  # type: ignore[method-assign]
+    view.finalize_response = finalize_and_finish  # type: ignore[method-assign]
+    view.raise_uncaught_exception = raise_and_finish  # type: ignore[method-assign]

@@ -125,6 +125,32 @@ def report_unknown_address(request: HttpRequest) -> None:
     )
 
 
+def report_refund_failed(exc: BaseException) -> None:
+    """Redis failed giving back the hit of a request that did not fail (``count_failures``):
+    it stays counted as a failure, the safe side. Once a minute."""
+    held = _log_gate.due("refund")
+    if held is None:
+        return
+    logger.warning(
+        "Redis failed while giving back the rate-limit hit of a request that did not fail "
+        "(count_failures) (%s: %s); it stays counted as a failure. %d similar failures were "
+        "not logged since the last warning.", type(exc).__name__, exc, held,
+    )
+
+
+def report_failure_callable(name: str, exc: Exception) -> None:
+    """A policy's ``count_failures`` callable raised: the request is counted as a failure.
+    Once a minute per policy, with the traceback."""
+    held = _log_gate.due(f"count-failures:{name}")
+    if held is None:
+        return
+    logger.error(
+        "policy %r: its count_failures callable raised %s: %s; the request is counted as a "
+        "failure. Held back %d repeats of this line.", name, type(exc).__name__,
+        str(exc)[:200], held, exc_info=exc,
+    )
+
+
 def report_shadow_denial(decision: Decision) -> None:
     name = decision.policy.name
     held = _log_gate.due(f"shadow:{name}")

@@ -11,6 +11,12 @@ is not a Redis failure and never makes a limit unlimited: the request is decided
 policy's ``fallback_rate``, or answered 503 (logged with the policy, the callable and what it
 did). Configuration mistakes are reported at start-up by the system checks; this is what a
 request meets when a deployment ignored them. Nothing here answers 500.
+
+A ``count_failures`` policy (a login's) is decided before the view like any other; once the
+response is made, the hit of a request whose response is not a failure (:func:`failed`) is
+given back (:mod:`~django_redislua.limiting.refund`), in one more round trip for the request.
+A view that raises keeps every hit; so does a refund Redis fails (logged: one more failure
+counted, the safe side, and the response goes out as it is).
 """
 
 from __future__ import annotations
@@ -32,13 +38,16 @@ from django_redislua.keys import KeyFunc, key_function, normalized
 from django_redislua.limiting.decision import Decision, PolicyError, RateLimited
 from django_redislua.limiting.engine import Check, PartlyDecided, evaluation, releasing
 from django_redislua.limiting.policy import Policy, RateCallableError, check_cost
+from django_redislua.limiting.refund import Refund, refunding, refunds_of
 from django_redislua.limiting.registry import get_policy
 from django_redislua.problem import quota_exceeded_response
 from django_redislua.protocol import Invoke, Protocol
 from django_redislua.reporting import (
     report_broken,
+    report_failure_callable,
     report_outage,
     report_rate_callable,
+    report_refund_failed,
     report_shadow_denial,
 )
 from django_redislua.signals import rate_limited
@@ -132,6 +141,9 @@ class Outcome:
     # Every Decision holding a concurrency slot, shadow and block=False ones too: released when
     # the response is done, or at once when the request is refused.
     held: tuple[Decision, ...] = ()
+    # Every hit a count_failures policy took (shadow and block=False ones too): given back once
+    # the response is made, unless it is a failure.
+    refunds: tuple[Refund, ...] = ()
 
     @property
     def blocked(self) -> bool:
@@ -205,7 +217,8 @@ def _record(request: HttpRequest, rules: list[Rule], decisions: Sequence[Decisio
     limited = any(not d.allowed for d in shown)
     request.limited = getattr(request, "limited", False) or limited  # type: ignore[attr-defined]
     held = tuple(d for d in decisions if d.lease is not None)
-    return Outcome(tuple(r for r, _d in pairs), tuple(shown), held=held)
+    return Outcome(tuple(r for r, _d in pairs), tuple(shown), held=held,
+                   refunds=refunds_of(decisions))
 
 
 def _begin(
@@ -364,6 +377,47 @@ def unavailable_response() -> HttpResponseBase:
     ))
 
 
+# -- count_failures ------------------------------------------------------------------------------
+def failed(policy: Policy, request: Any, response: HttpResponseBase) -> bool:
+    """Whether ``response`` is a failure by ``policy``'s ``count_failures``: its statuses, or
+    what its callable says of ``(request, response)`` (the request the layer has: DRF's on a
+    DRF view). A 5xx always is: the view raised (the middleware sees a view's exception as a
+    500), or the server is failing; whether the attempt failed is unknown, and counting it is
+    the safe side. So is a callable that raises (logged, once a minute)."""
+    status = response.status_code
+    rule = policy.count_failures
+    if status >= 500 or rule is None:
+        return True
+    if isinstance(rule, frozenset):
+        return status in rule
+    try:
+        return bool(rule(request, response))
+    except Exception as exc:  # the callable is the project's code: any mistake of it
+        report_failure_callable(policy.name, exc)
+        return True
+
+
+def refunding_unless_failed(request: Any, response: HttpResponseBase,
+                            refunds: Sequence[Refund]) -> Protocol[None]:
+    """Give back each of ``refunds`` whose policy does not count ``response`` as a failure,
+    in one round trip. Redis failing is logged (the hits stay counted); the response goes
+    out as it is."""
+    due = [refund for refund in refunds
+           if not refund.sent and not failed(refund.decision.policy, request, response)]
+    if not due:
+        return
+    try:
+        yield from refunding(due)
+    except CLIENT_ERRORS as exc:
+        report_refund_failed(exc)
+
+
+def refund_unless_failed(request: Any, response: HttpResponseBase,
+                         refunds: Sequence[Refund]) -> None:
+    """:func:`refunding_unless_failed` on the sync driver (DRF's finalize_response)."""
+    run(refunding_unless_failed(request, response, refunds))
+
+
 # -- concurrency leases --------------------------------------------------------------------------
 def releasing_all(decisions: Sequence[Decision]) -> Protocol[None]:
     """Give back every concurrency slot ``decisions`` hold; a Redis failure is logged (the
@@ -387,13 +441,18 @@ def _on_close(response: HttpResponseBase, callback: Callable[[], None]) -> None:
     closers.append(callback)
 
 
-def finishing(response: HttpResponseBase, outcome: Outcome) -> Protocol[HttpResponseBase]:
-    """Headers on an allowed response; concurrency slots released when the response is done.
+def finishing(response: HttpResponseBase, outcome: Outcome, request: Any = None
+              ) -> Protocol[HttpResponseBase]:
+    """Headers on an allowed response; the hits of count_failures policies given back unless
+    the response is a failure; concurrency slots released when the response is done.
 
     A streaming response is not done when the view returns: its slots are released by
-    ``response.close()``, which the WSGI/ASGI handler calls after the last chunk is sent.
+    ``response.close()``, which the WSGI/ASGI handler calls after the last chunk is sent. (Its
+    status is known: its refunds are not delayed.)
     """
     add_headers(response, outcome.decisions, denied=response.status_code == 429)
+    if outcome.refunds:
+        yield from refunding_unless_failed(request, response, outcome.refunds)
     if outcome.held:
         if response.streaming:
             _on_close(response, functools.partial(release_all, outcome.held))
@@ -408,7 +467,9 @@ def guarded(request: HttpRequest, rules: Sequence[RuleOrError], sender: Any,
     asyncio: decide ``rules`` (one round trip), then answer 503, 429, or ``view()`` (called,
     and awaited on the asyncio driver) with its headers; every concurrency slot taken is given
     back when the response is done, or at once when the request is refused or the view
-    raises."""
+    raises; the hits of count_failures policies are given back once the response is made,
+    unless it is a failure (a refused request took none but those of ``block=False`` and
+    shadow rules, which its 429 decides like any response; a view that raises keeps them)."""
     if not rules:
         return cast(HttpResponseBase, (yield Invoke(view)))
     outcome = yield from deciding(request, rules, sender)
@@ -416,10 +477,13 @@ def guarded(request: HttpRequest, rules: Sequence[RuleOrError], sender: Any,
         return unavailable_response()
     if outcome.blocked:
         yield from releasing_all(outcome.held)
-        return (yield from denying(request, RateLimited(outcome.decisions)))
+        denied: HttpResponseBase = yield from denying(request, RateLimited(outcome.decisions))
+        if outcome.refunds:
+            yield from refunding_unless_failed(request, denied, outcome.refunds)
+        return denied
     try:
         response = yield Invoke(view)
     except BaseException:
         yield from releasing_all(outcome.held)
         raise
-    return (yield from finishing(response, outcome))
+    return (yield from finishing(response, outcome, request))
