@@ -137,7 +137,8 @@ def _policy_rows(in_use: dict[str, PolicyInUse]) -> list[dict[str, Any]]:
             "source": entry.source,
             "mode": policy.mode,
             "algorithm": policy.algorithm,
-            "rate": policy.rate_spec if policy.algorithm != "concurrency" else None,
+            "rate": (f"{policy.callable_name}(request)" if policy.is_dynamic
+                     else policy.rate_spec if policy.algorithm != "concurrency" else None),
             "limit": policy.limit if not policy.is_dynamic else "per request",
             "timeout": None if policy.timeout is None else duration(policy.timeout),
             "key": policy.key if isinstance(policy.key, str) else "",

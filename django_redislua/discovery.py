@@ -3,7 +3,7 @@
 
 - ``settings``: ``REDISLUA["POLICIES"]`` (a broken one is left out: the checks report it);
 - ``view``: an inline ``@ratelimit(rate=...)`` on a view the URLconf routes (its generated name
-  or its ``group=``), with a fixed rate;
+  or its ``group=``), a fixed rate or a rate callable;
 - ``DRF``: a scope of ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` as this app's throttles
   decide it (a sliding log named after the scope).
 """
@@ -78,7 +78,7 @@ def _inline() -> list[tuple[str, PolicyInUse]]:
                 if spec.policy_name is not None:
                     continue  # a settings policy, listed as such
                 rule = spec.rule(view_name)
-                if isinstance(rule, PolicyError) or rule.policy.is_dynamic:
+                if isinstance(rule, PolicyError):
                     continue
                 found.append((rule.policy.name, PolicyInUse(rule.policy, f"view {route or '/'}")))
     return found

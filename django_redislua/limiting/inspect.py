@@ -5,6 +5,11 @@ of work per page: at most ``max_calls`` SCAN calls, so a page answers quickly ho
 the server holds, and hands back a cursor to continue from. Each key's state is read through the
 engine's own ``peek`` (which writes nothing), plus its TTL, its raw fields as stored, and a
 sampled ``MEMORY USAGE``: two pipelined round trips per node per page.
+
+A policy whose rate is a callable (per-plan rates) decides each request at the rate the callable
+gives it; the page cannot know that rate, so the decision scripts keep it beside the state
+(:meth:`~django_redislua.limiting.policy.Policy.rate_key`, see ratelimit.lua, "Kept rates"). The
+first pass reads that record, the second peeks with its numbers: still two round trips.
 """
 
 from __future__ import annotations
@@ -23,7 +28,13 @@ from django_redislua.conf import settings
 from django_redislua.connection import get_client, primary_nodes
 from django_redislua.limiting import denials
 from django_redislua.limiting.identity import bound_identity
-from django_redislua.limiting.policy import ALGORITHMS, Policy, PolicyError, overrides_key
+from django_redislua.limiting.policy import (
+    ALGORITHMS,
+    MAX_RATE_TEXT,
+    Policy,
+    PolicyError,
+    overrides_key,
+)
 from django_redislua.limiting.registry import get_policy
 from django_redislua.scripts import Script, get_script, registry
 
@@ -53,6 +64,14 @@ class KeyState:
     fields: list[tuple[str, str]]  # the algorithm's own state, as stored
     memory: int | None  # bytes, MEMORY USAGE (sampled)
     server_time: float  # the server clock when the key was read, seconds since the epoch
+    # A policy with a rate callable: the rate this identity was last decided at ("100/h"), as
+    # kept beside its state; None when none is kept (see the module docstring).
+    kept_rate: str | None = None
+
+    @property
+    def per_request(self) -> bool:
+        """True when the key's policy takes its rate from a callable, per request."""
+        return self.policy is not None and self.policy.is_dynamic
 
 
 @dataclass(frozen=True)
@@ -159,11 +178,31 @@ def _settings_policies() -> dict[str, Policy]:
 
 
 def _configured(name: str, code: str, known: Known) -> Policy | None:
-    """The known policy ``name`` if it still uses this algorithm and can be peeked."""
+    """The known policy ``name`` if it still uses this algorithm (a policy with a rate callable
+    is peeked at the rate kept beside the key's state, when there is one)."""
     policy = known.get(name)
-    if policy is None or policy.code != code or policy.is_dynamic:
+    if policy is None or policy.code != code:
         return None
     return policy
+
+
+Kept = tuple[str, int, int, str]  # a kept rate: its text, and its limit, param and extra
+
+
+def kept_rate(record: Any, code: str) -> Kept | None:
+    """A kept rate's record ("CODE|LIMIT|PARAM|EXTRA|RATE", see ratelimit.lua) for a state of
+    algorithm ``code``; None when absent or not of that shape (never trusted further)."""
+    if not isinstance(record, bytes) or len(record) > 200:
+        return None
+    parts = record.decode("ascii", "replace").split("|", 4)
+    if len(parts) != 5 or parts[0] != code:
+        return None
+    _code, limit, param, extra, text = parts
+    if not (limit.isdigit() and param.isdigit() and (extra == "" or extra.isdigit())):
+        return None
+    if int(limit) < 1 or int(param) < 1 or len(text) > MAX_RATE_TEXT:
+        return None
+    return text, int(limit), int(param), extra
 
 
 def _node_of(key: str, nodes: Sequence[tuple[str, redis.Redis]]) -> int:
@@ -194,15 +233,16 @@ def scan_keys(
     found: dict[tuple[int, str], None] = {}
 
     def take(index: int, key: str) -> bool:
-        new = (index, key) not in found
+        # MATCH is a glob: only keys of a state's shape count (not a kept rate's, "...:rt:{}")
+        if (index, key) in found or parse_key(key) is None:
+            return False
         found[index, key] = None
-        return new
+        return True
 
     next_cursor, calls = scan_primaries(nodes, cursor, pattern, page_size, max_calls, take)
     by_node: dict[int, list[str]] = {}
     for node_index, key in found:
-        if parse_key(key) is not None:  # MATCH is a glob; the key's shape is checked here
-            by_node.setdefault(node_index, []).append(key)
+        by_node.setdefault(node_index, []).append(key)
     states: list[KeyState] = []
     for node_index, node_keys in by_node.items():
         states += _states(nodes[node_index], node_keys, known)
@@ -210,33 +250,54 @@ def scan_keys(
     return KeyPage(states, next_cursor, calls, pattern)
 
 
-def _peek_args(policy: Policy) -> list[Any]:
-    return ["peek", "", policy.code, policy.limit, policy.param, 1, policy.extra, "1",
-            policy.name]
+def _tag(key: str) -> str:
+    return key[key.rindex("{") + 1:-1]  # a state key ends with its identity's tag
 
 
-def _first_pass(client: redis.Redis, keys: Sequence[str], script: Script,
-                policies: Sequence[Policy | None]) -> list[Any]:
-    """TIME, then TYPE, PTTL, MEMORY USAGE and (when possible) a peek for every key.
+def _peek(pipe: Any, script: Script, key: str, policy: Policy,
+          numbers: tuple[int, int, str]) -> None:
+    """A peek at ``key`` with ``numbers`` (limit, param, extra) and the identity's overrides:
+    what its next hit meets (the engine's own script, which writes nothing on a peek)."""
+    limit, param, extra = numbers
+    pipe.evalsha(script.sha, 2, key, overrides_key(_tag(key)),
+                 "peek", "", policy.code, limit, param, 1, extra, "1", policy.name)
 
-    A peek that fails (the key holds another algorithm's state) comes back as its exception.
-    """
+
+def _pipelined(client: redis.Redis, script: Script, fill: Callable[[Any], None]) -> list[Any]:
+    """The replies of the pipeline ``fill`` fills; run again, once, with the script loaded
+    when a peek in it met NOSCRIPT. A failed command comes back as its exception."""
     for attempt in range(2):
         pipe = client.pipeline(transaction=False)
-        pipe.time()
-        for key, policy in zip(keys, policies, strict=True):
-            pipe.type(key)
-            pipe.pttl(key)
-            pipe.memory_usage(key)
-            if policy is not None:  # with the identity's overrides: what its next hit meets
-                tag = key[key.rindex("{") + 1:-1]  # a state key ends with its identity's tag
-                pipe.evalsha(script.sha, 2, key, overrides_key(tag), *_peek_args(policy))
+        fill(pipe)
         replies = pipe.execute(raise_on_error=False)
         if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
             client.script_load(script.source)
             continue
         break
     return replies
+
+
+def _first_pass(client: redis.Redis, keys: Sequence[str], script: Script,
+                policies: Sequence[Policy | None]) -> list[Any]:
+    """TIME, then TYPE, PTTL, MEMORY USAGE and (when possible) a peek for every key; for a
+    key of a policy with a rate callable, its kept rate instead of the peek.
+
+    A peek that fails (the key holds another algorithm's state) comes back as its exception.
+    """
+    def fill(pipe: Any) -> None:
+        pipe.time()
+        for key, policy in zip(keys, policies, strict=True):
+            pipe.type(key)
+            pipe.pttl(key)
+            pipe.memory_usage(key)
+            if policy is None:
+                continue
+            if policy.is_dynamic:
+                pipe.get(policy.rate_key(_tag(key)))
+            else:
+                _peek(pipe, script, key, policy, (policy.limit, policy.param, policy.extra))
+
+    return _pipelined(client, script, fill)
 
 
 def _states(node: tuple[str, redis.Redis], keys: Sequence[str], known: Known) -> list[KeyState]:
@@ -250,40 +311,58 @@ def _states(node: tuple[str, redis.Redis], keys: Sequence[str], known: Known) ->
     seconds, micros = _checked(next(replies))
     now_us = int(seconds) * US + int(micros)
     first = []
-    for policy in policies:
+    for policy, (_name, code, _identity) in zip(policies, parsed, strict=True):
         kind = _text(_checked(next(replies)))
         pttl, memory = int(_checked(next(replies))), _checked(next(replies))
-        peeked = next(replies) if policy is not None else None
-        first.append((kind, pttl, memory, None if isinstance(peeked, Exception) else peeked))
+        peeked = kept = None
+        if policy is not None and policy.is_dynamic:
+            kept = kept_rate(next(replies), code)  # peeked in the second pass
+        elif policy is not None:
+            peeked = next(replies)
+        first.append((kind, pttl, memory, None if isinstance(peeked, Exception) else peeked,
+                      kept))
 
-    pipe = client.pipeline(transaction=False)
-    for key, (kind, *_rest) in zip(keys, first, strict=True):
-        if kind == "hash":
-            pipe.hgetall(key)
-        elif kind == "string":
-            pipe.get(key)
-        elif kind == "zset":
-            pipe.zcard(key)
-            pipe.zrange(key, 0, 0, withscores=True)
-            pipe.zrange(key, -1, -1, withscores=True)
-    raw = iter(pipe.execute())
+    def fill(pipe: Any) -> None:
+        for key, policy, (kind, _pttl, _memory, _peeked, kept) in zip(
+                keys, policies, first, strict=True):
+            if kind == "hash":
+                pipe.hgetall(key)
+            elif kind == "string":
+                pipe.get(key)
+            elif kind == "zset":
+                pipe.zcard(key)
+                pipe.zrange(key, 0, 0, withscores=True)
+                pipe.zrange(key, -1, -1, withscores=True)
+            if kept is not None and policy is not None and kind != "none":
+                _peek(pipe, script, key, policy, kept[1:])
+
+    raw = iter(_pipelined(client, script, fill))
 
     states = []
     rows = zip(keys, parsed, policies, first, strict=True)
-    for key, parts, policy, (kind, pttl, memory, peeked) in rows:
+    for key, parts, policy, (kind, pttl, memory, peeked, kept) in rows:
         fields = _fields(kind, raw, parts[1])
         if kind == "none":
             continue  # expired since SCAN saw it
+        if kept is not None:
+            peeked = next(raw)
+            if isinstance(peeked, Exception):
+                peeked = None
         policy_name, code, identity = parts
+        # The limit the peek decided with: the policy's (or its kept rate's), or a live
+        # override's changed rate, which decides instead while it lasts.
+        limit = (int(peeked[4]) if peeked else
+                 policy.limit if policy is not None and not policy.is_dynamic else None)
         states.append(KeyState(
             key=key, node=name, policy_name=policy_name, algorithm=ALGORITHM_NAMES[code],
             identity=identity, policy=policy,
             remaining=int(peeked[1]) if peeked else None,
-            limit=policy.limit if policy else None,
+            limit=limit,
             reset_after=int(peeked[2]) / US if peeked else None,
             ttl=pttl / 1000 if pttl >= 0 else None,
             fields=fields, memory=int(memory) if memory is not None else None,
             server_time=now_us / US,
+            kept_rate=kept[0] if kept is not None and peeked else None,
         ))
     return states
 
@@ -373,15 +452,15 @@ def unpack_state(code: str, value: bytes) -> list[tuple[str, str]] | None:
 def _fields(kind: str, raw: Any, code: str) -> list[tuple[str, str]]:
     """Consume this key's replies from the second pipeline; its state as (name, value) pairs."""
     if kind == "hash":
-        return sorted((_text(k), _text(v)) for k, v in next(raw).items())
+        return sorted((_text(k), _text(v)) for k, v in _checked(next(raw)).items())
     if kind == "string":
-        value = next(raw)
+        value = _checked(next(raw))
         if value is None:
             return []
         packed = unpack_state(code, value) if isinstance(value, bytes) else None
         return packed if packed is not None else [("value", _text(value))]
     if kind == "zset":
-        size, oldest, newest = next(raw), next(raw), next(raw)
+        size, oldest, newest = (_checked(next(raw)) for _ in range(3))
         result = [("entries", str(size))]
         if oldest:
             result.append(("oldest", f"{oldest[0][1]:.0f}"))
