@@ -28,7 +28,7 @@ from tests import reference_models as ref
 from tests.test_engine_properties import PROPERTY_SETTINGS, make_policy
 from tests.transactional import TransactionalClient
 
-T = 1_700_000_000_000_000  # a whole minute of the server clock, us
+T = 1_700_000_040_000_000  # a whole minute of the server clock, us (a sliding window's start)
 S = 1_000_000
 MINUTE = 60 * S
 WINDOWS = ("fixed_window", "sliding_window", "sliding_log")
@@ -312,6 +312,27 @@ def test_a_rate_changed_since_the_hit_gives_nothing_back(r: redis.Redis) -> None
     assert changed.limit == 10 and changed.override == "rate"
     assert refund(changed, T + 3 * S, T + 4 * S)
     assert seen(peek(policy, T + 4 * S)) == seen(without)
+
+
+def test_a_decision_says_what_it_consumed(r: redis.Redis) -> None:
+    """Decision.consumed: the cost a hit took, 0 when it took nothing (a denial, a peek, a
+    gating check another denied, an override's block or allow); a soft check's own."""
+    one = make("sliding_log", rate="2/m")
+    assert evaluate([(one, WHO, 2)], now_us=T)[0].consumed == 2
+    assert evaluate([(one, WHO, 1)], now_us=T)[0].consumed == 0  # denied
+    assert evaluate([(one, "bob", 1)], now_us=T, peek=True)[0].consumed == 0
+    roomy = make("gcra", rate="5/m", name="roomy")
+    gate = evaluate([(roomy, WHO, 1), (one, WHO, 1)], now_us=T)
+    assert [d.consumed for d in gate] == [0, 0]  # all-or-nothing: the denial closed the gate
+    soft = evaluate([(roomy, WHO, 3), (one, WHO, 1)], now_us=T, soft={0})
+    assert [d.consumed for d in soft] == [3, 0]
+    overrides.allow(one, "carol", ttl="1h", now_us=T)
+    assert evaluate([(one, "carol", 1)], now_us=T)[0].consumed == 0
+    assert evaluate([(roomy, "carol", 1), (one, "carol", 1)], now_us=T)[1].consumed == 0
+    overrides.set_rate(one, "dave", "10/m", ttl="1h", now_us=T)
+    assert evaluate([(one, "dave", 2)], now_us=T)[0].consumed == 2  # at the changed rate
+    assert [d.consumed for d in evaluate([(roomy, "dave", 1), (one, "dave", 2)],
+                                         now_us=T)] == [1, 2]
 
 
 def test_only_consumed_hits_of_count_failures_policies_are_refundable() -> None:

@@ -261,16 +261,10 @@ elseif code == 'tb' then
     elseif #state == 24 then taken, a, b = struct.unpack('<ddd', state) end
   end
   if not taken then return 0 end
-  local since = (now - a) * q - b  -- since the last refill, in 1/Q us (as a decision refills)
-  if since >= p then
-    local refill = math.floor(since / p)
-    if refill >= taken then return 0 end  -- full again
-    local nb = b + refill * p
-    local whole = math.floor(nb / q)
-    taken, a, b = taken - refill, a + whole, nb - whole * q
-  end
-  local lead = (a - now) * q + b  -- the last refill, from now (in (-P, 0])
-  local full = lead + taken * p   -- until the bucket is full: the level, as gcra's TAT - now
+  -- Until the bucket is full (1/Q us): the level, as gcra's TAT - now. The tokens refilled
+  -- since the last refill (LEAD before now) do not change it: no refill to compute here.
+  local lead = (a - now) * q + b
+  local full = lead + taken * p
   local give = math.min(cost * p, full, (reset - elapsed) * q)
   if give <= 0 then return 0 end
   full = full - give
@@ -278,8 +272,8 @@ elseif code == 'tb' then
     redis.call('DEL', key)
     return 1
   end
-  -- Tokens arrive whole: TAKEN tokens and a refill point in (now - P, now] that make FULL (the
-  -- refill point stays where it was when GIVE is whole tokens, as it is unless the bound cut it).
+  -- Tokens arrive whole: KEPT tokens taken and a refill point in (now - P, now] make FULL (the
+  -- refill point keeps its phase when GIVE is whole tokens, as it is unless the bound cut it).
   local kept = math.ceil(full / p)
   local nb = b + (full - kept * p) - lead
   local whole = math.floor(nb / q)
