@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import redis
+from django.test import override_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,7 +25,9 @@ from django_redislua import Decision, Policy, overrides
 from django_redislua.limiting import denials, evaluate
 from django_redislua.limiting.inspect import log_times, unpack_state
 from django_redislua.limiting.refund import Refund, give_back, refunds_of
+from django_redislua.testing import CommandRecorder
 from tests import reference_models as ref
+from tests.settings import REDISLUA
 from tests.test_engine_properties import PROPERTY_SETTINGS, make_policy
 from tests.transactional import TransactionalClient
 
@@ -352,6 +355,20 @@ def test_refunds_of_several_identities_go_in_one_round_trip(r: Any) -> None:
     refunds = [Refund(hit(policy, T, who=who), received=T) for who in ("alice", "bob", "carol")]
     assert give_back(refunds, now_us=T + S) == [True, True, True]
     assert [peek(policy, T + S, who=who).remaining for who in ("alice", "bob", "carol")] == [5] * 3
+
+
+@pytest.mark.parametrize("algorithm", REFUNDABLE)
+def test_a_refund_as_a_redis_function(algorithm: str, r: redis.Redis,
+                                      recorder: CommandRecorder) -> None:
+    """With USE_FUNCTIONS the refund is an FCALL of the library, like every script."""
+    policy = make(algorithm)
+    with override_settings(REDISLUA={**REDISLUA, "USE_FUNCTIONS": True}):
+        hit(policy, T)
+        mine = Refund(hit(policy, T + S), received=T + S)
+        with recorder:
+            assert give_back([mine], now_us=T + 2 * S) == [True]
+        assert recorder.commands == ["FCALL"]
+        assert peek(policy, T + 2 * S).remaining == 4
 
 
 # -- a random history ------------------------------------------------------------------------------
