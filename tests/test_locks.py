@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
 
 from django_redislua.locks import Lock, LockNotAcquired, LockNotOwned
 from django_redislua.locks.inspect import LockInfo, force_release, scan_locks
+from django_redislua.locks.lock import _Wait
+from django_redislua.protocol import Call, Spawn, unsent
 from django_redislua.testing import CommandRecorder
 
 pytestmark = pytest.mark.topologies
@@ -101,6 +104,67 @@ def test_reentrant_counts_per_owner(r: redis.Redis) -> None:
             assert lock.token == int(r.hget("rl:lock:{re}", "token") or 0)  # re-entry keeps it
         assert r.hget("rl:lock:{re}", "count") == b"1"
     assert not r.exists("rl:lock:{re}")
+
+
+# -- the holder's own count of its holds: the protocols driven by hand, no Redis ------------------
+
+def release_args(call: Call) -> tuple[Any, ...]:
+    """The ARGV of a release call (lock_release.lua): after EVALSHA/FCALL, its name, 4 keys."""
+    return tuple(call.command[3 + 4:])
+
+
+def test_a_release_gives_back_its_hold_by_id_with_the_uncounted_calls() -> None:
+    lock = Lock("holds", timeout=30, reentrant=True)
+    lock._held(7, 0.0, "took")
+    lock._held(7, 0.0, "again")  # a re-entry: the same token
+    lock._held(7, 0.0, "again")  # the same wait's reply again (a confirm sent twice)
+    assert lock._holds == ["took", "again"]
+    lock._uncounted.add("lost")  # an acquire whose reply never arrived
+    release = lock._releasing()
+    args = release_args(next(release))
+    assert args[6] == "again" and args[8:] == ("lost",)
+    with pytest.raises(redis.TimeoutError):
+        release.throw(redis.TimeoutError("its reply was lost"))
+    # Not counted any more, whatever happened on the server: the next release settles it.
+    assert lock._holds == ["took"] and lock._uncounted == {"lost", "again"}
+    release = lock._releasing()
+    args = release_args(next(release))
+    assert args[6] == "took" and sorted(args[8:]) == ["again", "lost"]
+    with pytest.raises(StopIteration):
+        release.send(0)
+    assert lock._holds == [] and lock._uncounted == set()
+
+
+def test_a_new_token_is_a_new_acquisition() -> None:
+    lock = Lock("holds-new", timeout=30, reentrant=True)
+    lock._held(7, 0.0, "took")
+    lock._held(7, 0.0, "again")
+    lock._held(9, 0.0, "later")  # the lease ran out meanwhile: taken anew
+    assert lock._holds == ["later"] and lock.token == 9
+
+
+def failed_acquire(lock: Lock, failure: BaseException) -> None:
+    """An acquire whose first call fails with ``failure``; its give-back spawned, not run."""
+    acquire = lock._acquire(False, None)
+    assert isinstance(next(acquire), Call)
+    assert isinstance(acquire.throw(failure), Spawn)  # the give-back, in the background
+    with pytest.raises(type(failure)):
+        acquire.send(None)
+
+
+def test_an_acquire_that_may_have_reached_redis_is_uncounted_until_settled() -> None:
+    lock = Lock("holds-lost", timeout=30, reentrant=True)
+    failed_acquire(lock, unsent(redis.ConnectionError("refused")))  # never sent: holds nothing
+    assert lock._uncounted == set()
+    failed_acquire(lock, redis.TimeoutError("its reply was lost"))
+    (lost,) = lock._uncounted
+    wait = _Wait(lock, None)
+    wait.id = lost
+    give_back = lock._giving_back(wait)
+    assert isinstance(next(give_back), Call)
+    with pytest.raises(StopIteration):
+        give_back.send([0, 0, 0])  # it landed: nothing left to settle
+    assert lock._uncounted == set()
 
 
 def test_non_reentrant_second_acquire_by_owner_waits() -> None:

@@ -5,13 +5,21 @@ any await: what each leaves behind in Redis and in the process.
   never sent again, so it is applied at most once: a hit, a capped counter's add, a lock
   re-entry.
 - A lock re-entry whose reply was lost is given back (by its wait id), so one release still
-  frees the lock, sync and asyncio alike.
+  frees the lock, sync and asyncio alike; and when that give-back never arrives (Redis refused
+  its connection), the release settles it: deterministic, through a relay (``Relay``) that
+  drops the re-entry's reply and refuses the give-back. A release that reaches Redis late
+  gives back its own hold only, never one made since.
 - Changing settings a hundred times never exhausts a connection pool the app shares with the
   project's cache: every channel dropped returns its connections.
 - ``aacquire`` and ``ahit`` cancelled at each of their await points leave nothing held: no lock,
   no queued wait, no concurrency slot (a checker reads Redis until it agrees, bounded).
 
-Each runs on the single server and on the 6-node cluster.
+Each runs on the single server and on the 6-node cluster (the relay's tests on the single
+server: a cluster's clients follow its nodes' own addresses, past any relay).
+
+``python3 dev.py test`` runs this module with every core kept busy (``REDISLUA_TEST_CPU_LOAD``,
+see ``cpu_load``): load is when replies are lost in production, and what these tests promise
+must hold then too.
 """
 
 from __future__ import annotations
@@ -21,10 +29,14 @@ import contextlib
 import gc
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -35,9 +47,10 @@ from redis.cluster import RedisCluster
 from django_redislua import Policy, lean
 from django_redislua.connection import CLIENT_ERRORS, get_client
 from django_redislua.locks import Lock, LockUnavailable
+from django_redislua.locks.lock import _Wait
 from django_redislua.protocol import Send
 from django_redislua.recipes import CappedCounter, RecipeUnavailable
-from django_redislua.transport import ClusterTransport, get_transport
+from django_redislua.transport import ClusterTransport, get_transport, run
 from tests.settings import REDIS_URL, REDISLUA
 from tests.test_lean_path import pool_state
 
@@ -55,6 +68,42 @@ def _garbage_collected_after() -> Iterator[None]:
     (measured with a ``gc.callbacks`` timer over the suite)."""
     yield
     gc.collect()
+
+
+# How long the busy processes of cpu_load may live at most, should the fixture's teardown never
+# run (pytest killed): longer than this module takes under load.
+CPU_LOAD_MOST_SECONDS = 600
+BUSY_LOOP = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass\n"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_load() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """With ``REDISLUA_TEST_CPU_LOAD=<n>`` (``dev.py test`` sets it to the number of cores),
+    ``n`` processes spin for the whole module: the tests run with every core busy, as CI
+    checks them. Yields the processes (none: no load). Each is ended by its id afterwards."""
+    count = int(os.environ.get("REDISLUA_TEST_CPU_LOAD") or 0)
+    loops = [subprocess.Popen([sys.executable, "-c",
+                               BUSY_LOOP.format(seconds=CPU_LOAD_MOST_SECONDS)])
+             for _ in range(count)]
+    try:
+        yield loops
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
+@pytest.fixture
+def quiet_machine(cpu_load: list[subprocess.Popen[bytes]]) -> Iterator[None]:
+    """The module's load paused (SIGSTOP) for one test whose staging is timed, not what it
+    checks; resumed after it."""
+    for loop in cpu_load:
+        loop.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for loop in cpu_load:
+            loop.send_signal(signal.SIGCONT)
 
 
 @pytest.fixture
@@ -230,7 +279,8 @@ def test_connections_closed_under_calls_by_another_thread_are_lost_connections(
         pool_state(pool, kept)
 
 
-def test_a_failed_call_to_several_nodes_leaves_no_reply_for_the_next_call(topology: str) -> None:
+def test_a_failed_call_to_several_nodes_leaves_no_reply_for_the_next_call(
+        topology: str, quiet_machine: None) -> None:
     """A send to two cluster nodes (one write per node, every write before any read): node A's
     reply is lost (busy past the socket timeout), node B's is still on its way (stopped a
     little longer). The send fails; B's connection must not go back to the pool with B's reply
@@ -239,7 +289,12 @@ def test_a_failed_call_to_several_nodes_leaves_no_reply_for_the_next_call(topolo
     The send is the transport's own: through the protocol, a failed call reads the cluster's
     slot table again first, from a node redis-py picks at random (8.x), and when that is A or
     B the next call comes after B's reply (the pool's check then sees it), so the race would
-    be run only some of the time."""
+    be run only some of the time.
+
+    What it checks is the pool, not a timeout; its staging is timed to a tenth of a second
+    (the reply of B must be pending when the send fails, and the hit's handshake answered
+    soon after), which busy cores push out of order (one loaded module run in twelve
+    failed): it runs with the load paused (``quiet_machine``)."""
     if topology != "cluster":
         pytest.skip("a single server is one node: one connection per call")
     from tests.settings import REDISLUA as current  # the topology fixture changed it
@@ -338,6 +393,317 @@ async def test_an_async_reentry_whose_reply_was_lost_is_given_back(short_timeout
     await asyncio.to_thread(until, lambda: count(lock) == 1, 5.0, "the re-entry given back")
     await lock.arelease()
     assert await Lock("are", timeout=30).aacquire(blocking=False)
+
+
+# -- a lost re-entry whose give-back never arrives: settled by the release -------------------------
+
+class _Link:
+    """One connection through the relay: the process's socket and the relay's to Redis."""
+
+    def __init__(self, near: socket.socket, far: socket.socket) -> None:
+        self.near, self.far = near, far
+        self.lose_replies = False
+        self.kept: list[bytes] | None = None  # requests kept, not sent (None: sent at once)
+        self.near_closed = False
+        self.lock = threading.Lock()
+
+
+class Relay:
+    """A loopback TCP relay in front of the test's Redis server: what a lost reply or an
+    unreachable server does to the process, at the moments a test chooses, with no timing.
+
+    - :meth:`lose_replies`: the connections open now still carry their requests to Redis, which
+      runs them, but the replies are dropped; and nothing listens (a new connection is refused).
+    - :meth:`keep_requests`: the requests of the connections open now are kept here, not sent,
+      until :meth:`deliver` (a request reaching Redis after its caller gave up on it); new
+      connections work.
+    - :meth:`restore`: listening again on the same port; new connections work."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 6379)
+        self.links: list[_Link] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.url = urlunsplit(parts._replace(netloc=f"127.0.0.1:{self.port}"))
+        self._accepting()
+
+    def _accepting(self) -> None:
+        listener = self.listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                near, _ = listener.accept()
+            except OSError:
+                return  # closed: lose_replies
+            far = socket.create_connection(self.target)
+            link = _Link(near, far)
+            self.links.append(link)
+            threading.Thread(target=self._requests, args=(link,), daemon=True).start()
+            threading.Thread(target=self._replies, args=(link,), daemon=True).start()
+
+    @staticmethod
+    def _requests(link: _Link) -> None:
+        while True:
+            try:
+                data = link.near.recv(65536)
+            except OSError:
+                data = b""
+            with link.lock:
+                if not data:
+                    link.near_closed = True
+                    if link.kept is None:
+                        with contextlib.suppress(OSError):
+                            link.far.shutdown(socket.SHUT_WR)
+                    return
+                if link.kept is not None:
+                    link.kept.append(data)
+                    continue
+                with contextlib.suppress(OSError):
+                    link.far.sendall(data)
+
+    @staticmethod
+    def _replies(link: _Link) -> None:
+        while True:
+            try:
+                data = link.far.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                with contextlib.suppress(OSError):
+                    link.near.close()
+                return
+            if not link.lose_replies:
+                with contextlib.suppress(OSError):
+                    link.near.sendall(data)
+
+    def _stop_listening(self) -> None:
+        # shutdown first: close alone leaves a thread blocked in accept() accepting (Linux)
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+
+    def lose_replies(self) -> None:
+        self._stop_listening()
+        for link in self.links:
+            link.lose_replies = True
+
+    def keep_requests(self) -> None:
+        for link in self.links:
+            with link.lock:
+                link.kept = []
+
+    def deliver(self) -> None:
+        for link in self.links:
+            with link.lock:
+                kept, link.kept = link.kept, None
+                if kept is None:
+                    continue
+                with contextlib.suppress(OSError):
+                    link.far.sendall(b"".join(kept))
+                    if link.near_closed:
+                        link.far.shutdown(socket.SHUT_WR)
+
+    def restore(self) -> None:
+        if self.listener.fileno() == -1:
+            self.listener = socket.create_server(("127.0.0.1", self.port))
+            self._accepting()
+
+    def close(self) -> None:
+        self._stop_listening()
+        for link in self.links:
+            for sock in (link.near, link.far):
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+
+RELAYED_TIMEOUT = 1.0  # a reply the relay drops never comes: any timeout loses it
+
+
+@pytest.fixture
+def relay(topology: str) -> Iterator[Relay]:
+    """The single server behind a :class:`Relay`, the app's connection going through it; the
+    lock scripts loaded and a connection open, as in a process that has locked before (a
+    request kept or sent on a connection open now is then the script call itself)."""
+    if topology == "cluster":
+        pytest.skip("a cluster's clients reach its nodes at their own addresses, not a relay's")
+    through = Relay(REDIS_URL)
+    try:
+        with override_settings(REDISLUA={**REDISLUA, "CONNECTION": through.url,
+                                         "SOCKET_TIMEOUT": RELAYED_TIMEOUT,
+                                         "SOCKET_CONNECT_TIMEOUT": RELAYED_TIMEOUT}):
+            earlier = Lock("relayed-earlier", timeout=30)
+            assert earlier.acquire()
+            earlier.release()
+            yield through
+    finally:
+        through.close()
+
+
+def direct() -> redis.Redis:
+    """A client of the test's server itself, past the relay."""
+    return redis.Redis.from_url(REDIS_URL)
+
+
+def holds(lock: Lock) -> int:
+    """The holds Redis counts on ``lock`` (read past the relay)."""
+    client = direct()
+    try:
+        value = client.hget(lock.keys.base, "count")
+    finally:
+        client.close()
+    return 0 if value is None else int(value)
+
+
+def given_back_thread(lock: Lock) -> None:
+    """Wait (bounded) for the background give-back of ``lock``'s failed acquire to end."""
+    for thread in threading.enumerate():
+        if thread.name == f"redislua-withdraw:{lock.name}":
+            thread.join(10)
+            assert not thread.is_alive(), "the give-back never ended"
+
+
+@pytest.mark.parametrize("auto_renew", [False, True], ids=["plain", "renewed"])
+def test_a_lost_reentry_whose_give_back_never_arrives_is_settled_by_the_release(
+        relay: Relay, auto_renew: bool) -> None:
+    """Issue 35's scenario made certain: the re-entry runs on Redis and its reply is lost; its
+    give-back is refused (Redis unreachable) and abandoned; the one release frees the lock, and
+    stops the renewer. Before, the lock stayed held (renewed, for as long as the process)."""
+    lock = Lock("lost-re", timeout=30, reentrant=True, auto_renew=auto_renew)
+    assert lock.acquire()
+    relay.lose_replies()
+    with pytest.raises(LockUnavailable):
+        lock.acquire()
+    given_back_thread(lock)
+    assert holds(lock) == 2  # the re-entry ran; nothing gave it back
+    relay.restore()
+    lock.release()
+    assert holds(lock) == 0
+    assert Lock("lost-re", timeout=30).acquire(blocking=False)
+    assert lock._renewer is None
+
+
+async def background_tasks_ended(lock: Lock) -> None:
+    """Wait (bounded) for this loop's other tasks but ``lock``'s renewer (a spawned give-back)
+    to end."""
+    renewer = getattr(lock._renewer, "runner", None)
+    others = asyncio.all_tasks() - {asyncio.current_task(), renewer}
+    if others:
+        _, pending = await asyncio.wait(others, timeout=10)
+        assert not pending, "the give-back never ended"
+
+
+@pytest.mark.parametrize("auto_renew", [False, True], ids=["plain", "renewed"])
+async def test_an_async_lost_reentry_whose_give_back_never_arrives_is_settled_by_the_release(
+        relay: Relay, auto_renew: bool) -> None:
+    lock = Lock("alost-re", timeout=30, reentrant=True, auto_renew=auto_renew)
+    assert await lock.aacquire()
+    relay.lose_replies()
+    with pytest.raises(LockUnavailable):
+        await lock.aacquire()
+    await background_tasks_ended(lock)
+    assert await asyncio.to_thread(holds, lock) == 2
+    relay.restore()
+    await lock.arelease()
+    assert await asyncio.to_thread(holds, lock) == 0
+    assert await Lock("alost-re", timeout=30).aacquire(blocking=False)
+    assert lock._renewer is None
+
+
+def test_a_lost_first_acquire_is_settled_by_the_release_of_the_next_one(relay: Relay) -> None:
+    """The acquire that took the lock lost its reply and its give-back; the same Lock's next
+    acquire re-enters that hold (same owner). Its one release frees the lock."""
+    lock = Lock("lost-first", timeout=30, reentrant=True)
+    relay.lose_replies()
+    with pytest.raises(LockUnavailable):
+        lock.acquire()
+    given_back_thread(lock)
+    assert holds(lock) == 1
+    relay.restore()
+    assert lock.acquire()
+    assert holds(lock) == 2 and lock._depth == 1
+    lock.release()
+    assert Lock("lost-first", timeout=30).acquire(blocking=False)
+
+
+def test_a_give_back_arriving_after_a_reentry_on_its_hold_keeps_the_reentry(
+        relay: Relay) -> None:
+    """As above, but the lost acquire's give-back lands after the next acquire re-entered the
+    hold it took: it gives back that one hold, and the caller of the re-entry still holds the
+    lock (before, the give-back freed it under that caller)."""
+    lock = Lock("late-give", timeout=30, reentrant=True)
+    relay.lose_replies()
+    with pytest.raises(LockUnavailable):
+        lock.acquire()
+    given_back_thread(lock)
+    relay.restore()
+    assert lock.acquire()
+    late = _Wait(lock, None)
+    late.id = next(iter(lock._uncounted))  # the lost acquire's wait: its give-back, sent late
+    run(lock._giving_back(late))
+    assert holds(lock) == 1 and lock.owned()
+    assert not Lock("late-give", timeout=30).acquire(blocking=False)
+    lock.release()
+    assert holds(lock) == 0
+
+
+def test_a_release_that_reaches_redis_late_gives_back_its_own_hold_only(relay: Relay) -> None:
+    """The release of the last hold is kept on its way (its caller gives up: LockUnavailable),
+    the same Lock acquires again and re-enters that hold (same owner, same token), then the
+    late release arrives: it gives back the old hold, not the new one."""
+    lock = Lock("late-release", timeout=30, reentrant=True)
+    assert lock.acquire()
+    relay.keep_requests()
+    with pytest.raises(LockUnavailable):
+        lock.release()
+    assert lock._depth == 0
+    assert lock.acquire()
+    assert holds(lock) == 2
+    relay.deliver()
+    until(lambda: holds(lock) != 2, what="the late release run")
+    assert holds(lock) == 1 and lock.owned()
+    assert not Lock("late-release", timeout=30).acquire(blocking=False)
+    lock.release()
+    assert holds(lock) == 0
+
+
+@contextlib.contextmanager
+def patient() -> Iterator[None]:
+    """The test's topology with timeouts a loaded machine cannot reach: for the calls after
+    the one whose reply had to be lost."""
+    from tests.settings import REDISLUA as current  # the topology fixture may have changed it
+
+    with override_settings(REDISLUA={**current, **PATIENT}):
+        yield
+
+
+def test_a_reentry_whose_reply_was_lost_is_released_at_once(short_timeouts: None) -> None:
+    """Issue 35's scenario on either topology: the one release comes at once, whether the
+    give-back has landed yet or not (before, it depended on which arrived first)."""
+    lock = Lock("re-now", timeout=30, reentrant=True)
+    assert lock.acquire()
+    pause = busy(lock.keys.base)
+    with pytest.raises(LockUnavailable):
+        lock.acquire()
+    pause.join()
+    with patient():
+        lock.release()
+        assert Lock("re-now", timeout=30).acquire(blocking=False)
+
+
+async def test_an_async_reentry_whose_reply_was_lost_is_released_at_once(
+        short_timeouts: None) -> None:
+    lock = Lock("are-now", timeout=30, reentrant=True)
+    assert await lock.aacquire()
+    pause = busy(lock.keys.base)
+    with pytest.raises(LockUnavailable):
+        await lock.aacquire()
+    await asyncio.to_thread(pause.join)
+    with patient():
+        await lock.arelease()
+        assert await Lock("are-now", timeout=30).aacquire(blocking=False)
 
 
 # -- settings changes return their connections ----------------------------------------------------

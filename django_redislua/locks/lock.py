@@ -24,6 +24,14 @@ KeyboardInterrupt, a reply that never arrived) withdraws it by its wait id: its 
 a claim or the lock it took, a re-entry it made. That withdrawal may be sent again safely, so it
 is retried until it lands (in the background after a Redis failure: the caller's wait must not
 overrun its timeout by another socket timeout).
+
+A withdrawal may never land (Redis unreachable until it gives up), so it is not what keeps a
+lost re-entry from holding the lock. The Lock object keeps the ids of its holds (the acquire
+call that took the lock, then each re-entry) and of its acquire calls whose replies never
+arrived; every release gives back its hold by id and settles those calls with it (each gives
+back what it held, and is refused if it arrives later). Once the holder has released every
+hold it knows of, the lock is free on the server too; and a release sent twice, or arriving
+late, gives back its own hold only, never one made since.
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ from django_redislua.protocol import (
     performed,
     retried,
     undone,
+    was_unsent,
 )
 from django_redislua.scripts import get_script
 from django_redislua.transport import arun, run
@@ -187,7 +196,7 @@ class _Wait:
         waiter back then takes the lock."""
         acquired, value, count = reply
         if acquired:
-            self.lock._held(int(value), int(count), self.sent_at, self.id)
+            self.lock._held(int(value), self.sent_at, self.id)
             self.unreplicated = count == 1 and self.acked < self.lock.replicas
             return None
         value = int(value)
@@ -251,8 +260,14 @@ class Lock:
                        self.keys.sub("stale")]
         self._lease_ms = milliseconds(self.timeout)
         self._lease = Lease(self.keys.base, self.owner, 0.0, 0.0)
-        self._depth = 0  # holds (first acquisition and re-entries), as last reported by Redis
-        self._reentries: list[str] = []  # wait ids of the re-entries held, latest last
+        # The wait ids of the holds this object knows it has: the acquire call that took the
+        # lock, then each re-entry, latest last (released latest first).
+        self._holds: list[str] = []
+        # Wait ids that may hold the lock on the server though this object does not count them:
+        # acquire calls whose replies never arrived (until their give-back is seen to land),
+        # and holds whose release's reply never arrived. The next release settles them: each
+        # is given back if it holds, and refused if it arrives later (lock_release.lua).
+        self._uncounted: set[str] = set()
         self._lost = False
         self._renewer: object | None = None
 
@@ -264,6 +279,11 @@ class Lock:
         return Lock(self.name, self.timeout, self.blocking, self.blocking_timeout,
                     self.reentrant, self.auto_renew, self.on_lost, self.replicas,
                     self.replica_timeout)
+
+    @property
+    def _depth(self) -> int:
+        """How many holds this object knows it has (the first acquisition and re-entries)."""
+        return len(self._holds)
 
     @property
     def lost(self) -> bool:
@@ -284,28 +304,30 @@ class Lock:
             _claim_window = (conf.generation, milliseconds(settings.LOCK_CLAIM_WINDOW))
         return _claim_window[1]
 
-    def _held(self, token: int, depth: int, sent_at: float, wait_id: str) -> None:
+    def _held(self, token: int, sent_at: float, wait_id: str) -> None:
+        """Record the hold ``wait_id`` acquired: a re-entry keeps the token, a new
+        acquisition has a new one (the holds of the last one, if any, are gone). The same
+        wait's call sent again (a confirm whose reply was lost) is still one hold."""
+        if token != self.token:
+            self._holds = []
         self.token, self._lost = token, False
-        if depth == 1:
-            self._reentries = []
-        elif depth > self._depth:
-            self._reentries.append(wait_id)
-        self._depth = depth
+        if wait_id not in self._holds:
+            self._holds.append(wait_id)
         self._lease.deadline = sent_at + self.timeout
 
-    def _release_call(self, mode: str, token: int | None = None, hold: str = ""
+    def _release_call(self, mode: str, token: int | None, hold: str, uncounted: list[str]
                       ) -> tuple[list[str], list[str | int]]:
         return self._keys4, [self.owner, mode, self.keys.channel, self.name, self._window_ms(),
-                             "" if token is None else token, hold, inbox_prefix()]
+                             "" if token is None else token, hold, inbox_prefix(), *uncounted]
 
-    def _released(self, left: int, unconfirmed: bool = False) -> None:
-        """Record a release's reply; raises when the lock was not ours any more, unless the
-        release undid an ``unconfirmed`` acquisition (see :meth:`_acquiring`)."""
-        if left >= 0:
-            self._depth = left
+    def _released(self, left: int, believed_held: bool, unconfirmed: bool = False) -> None:
+        """Record a release's reply (the holds left on the server, or -1: not ours); raises
+        when the lock was not ours any more, unless the release undid an ``unconfirmed``
+        acquisition (see :meth:`_acquiring`)."""
+        if left > 0:
             return
-        believed_held, self._depth = self._depth > 0, 0
-        if not unconfirmed:
+        self._holds = []  # freed, or not ours: no hold of this object is left on the server
+        if left < 0 and not unconfirmed:
             raise self._not_owned("release", believed_held)
 
     def _not_owned(self, action: str, believed_held: bool) -> LockNotOwned:
@@ -371,9 +393,12 @@ class Lock:
 
     def _giving_back(self, wait: _Wait) -> Protocol[None]:
         """The undo of an interrupted acquire: everything ``wait`` may hold, given back by its
-        wait id; sent again until it lands or the lease it could hold has run out."""
-        yield from retried(lambda: self._withdrawing(wait, "give"),
-                           time.monotonic() + self.timeout + settings.LOCK_CLAIM_WINDOW)
+        wait id; sent again until it lands, or until a lease it took would have run out
+        unrenewed. One that never lands is settled by the next release (``_uncounted``)."""
+        if (yield from retried(lambda: self._withdrawing(wait, "give"),
+                               time.monotonic() + self.timeout + settings.LOCK_CLAIM_WINDOW)
+                ) is not None:
+            self._uncounted.discard(wait.id)
 
     def _acquiring(self, blocking: bool | None, blocking_timeout: float | str | None
                    ) -> Protocol[bool]:
@@ -402,6 +427,8 @@ class Lock:
                                   wait.on_inbox))
                 or (yield from self._withdrawing(wait, "take"))))
         except BaseException as exc:
+            if not was_unsent(exc):  # its call may have reached Redis, and taken the lock there
+                self._uncounted.add(wait.id)
             yield from undone(exc, self._giving_back(wait), f"redislua-withdraw:{self.name}")
             raise
         if not held:
@@ -409,19 +436,26 @@ class Lock:
         if wait.unreplicated:
             yield from self._releasing(unconfirmed=True)
             raise self._unreplicated()
-        if self.auto_renew and self._depth == 1 and self._renewer is None:
+        if self.auto_renew and self._holds and self._renewer is None:
             self._renewer = yield from start_renewing(self._lease, self.timeout,
                                                       self._renewal_lost, self.name)
         return True
 
     def _releasing(self, unconfirmed: bool = False) -> Protocol[None]:
-        """Give back one hold (the last re-entry held, or the lock). Finding the lock no longer
-        ours raises, unless this undoes an ``unconfirmed`` acquisition (fewer replicas confirmed
-        it than asked): then the caller never had it, and nothing was lost. Interrupted (a
-        cancellation) before the reply came, the same release is sent again: by owner, token
-        and hold, a second one changes nothing."""
-        hold = self._reentries.pop() if self.reentrant and self._reentries else ""
-        keys, args = self._release_call("one" if self.reentrant else "all", self.token, hold)
+        """Give back one hold (the last re-entry held, or the lock), by its wait id, and settle
+        the acquire calls whose replies never arrived (see the module docstring). Finding the
+        lock no longer ours raises, unless this undoes an ``unconfirmed`` acquisition (fewer
+        replicas confirmed it than asked): then the caller never had it, and nothing was lost.
+        Interrupted (a cancellation) before the reply came, the same release is sent again: by
+        owner, token and hold, a second one changes nothing. Whatever happens, the caller no
+        longer counts the hold: when the outcome stays unknown (Redis failed), the next release
+        settles it, and after the last hold the renewer stops, so the lease ends by itself
+        instead of living as long as the process."""
+        believed_held = bool(self._holds)
+        hold = self._holds.pop() if self._holds else ""
+        uncounted = list(self._uncounted)
+        keys, args = self._release_call("one" if self.reentrant else "all", self.token, hold,
+                                        uncounted)
         script = get_script(RELEASE)
         try:
             try:
@@ -432,17 +466,22 @@ class Lock:
                 again = yield from retried(
                     lambda: performed(Call(script, script.command(keys, args))),
                     time.monotonic() + self.timeout)
-                self._depth = max(int(again), 0) if again is not None else 0
+                if again is None:
+                    if hold:
+                        self._uncounted.add(hold)
+                else:
+                    self._uncounted.difference_update(uncounted)
+                    if int(again) <= 0:
+                        self._holds = []
                 raise
-            self._released(left, unconfirmed)
+            self._uncounted.difference_update(uncounted)
+            self._released(left, believed_held, unconfirmed)
         except CLIENT_ERRORS:
-            # The outcome is unknown: if it was the last hold, stop renewing, so the lease ends
-            # by itself instead of living as long as the process.
-            if not self.reentrant or self._depth <= 1:
-                self._depth = 0
+            if hold:
+                self._uncounted.add(hold)  # given back or not: the next release settles it
             raise
         finally:
-            if self._depth == 0:
+            if not self._holds:
                 renewer, self._renewer = self._renewer, None
                 if renewer is not None:
                     yield from stop_renewing(renewer)

@@ -4,8 +4,10 @@
 -- KEYS[1]  the lock: a hash {owner, wait, count, token, name[, claim][, e:<wait>...]} expiring
 --          with the lease; an "e:<wait>" field per re-entry held (see lock_acquire.lua).
 --          `wait` is the id of the acquire call that took it (grants belong to one wait, never
---          to a Lock object); `claim` marks a hand-off its heir has not confirmed yet, and the
---          hash then expires after the claim window instead of the lease.
+--          to a Lock object), '' once that first hold was given back while re-entries made on
+--          it still hold the lock; `count` is the holds left: the first one and the re-entries;
+--          `claim` marks a hand-off its heir has not confirmed yet, and the hash then expires
+--          after the claim window instead of the lease.
 -- KEYS[2]  the fencing counter: the last token handed out. It expires FENCE_KEEP_MS after the
 --          lease it was taken for; tokens stay increasing without it (see next_token).
 -- KEYS[3]  the queue: a sorted set of waits, member "<wait>[.<inbox>]:<owner>:<lease ms>", score =
@@ -87,13 +89,16 @@ end
 -- or re-enter the lock after the withdrawal gave back whatever it held.
 local TOMBSTONE_MS = 60000
 
-local function tombstone(now, wait)
-  -- Tombstones (and stale registrations) that ran out are dropped here, where one is added,
+-- Refuse the waits WAITS (a list of wait ids) from now on, for TOMBSTONE_MS.
+local function tombstone(now, waits)
+  -- Tombstones (and stale registrations) that ran out are dropped here, where some are added,
   -- and when a stale registration comes first in the queue (next_heir): the set stays bounded
   -- by the withdrawals of the last minute even on a lock that is never idle.
   prune_stale(now)
-  local until_ms = math.floor(now / 1000) + TOMBSTONE_MS
-  redis.call('ZADD', KEYS[4], int(until_ms), 'x:' .. wait)
+  local until_ms = int(math.floor(now / 1000) + TOMBSTONE_MS)
+  for _, wait in ipairs(waits) do
+    redis.call('ZADD', KEYS[4], until_ms, 'x:' .. wait)
+  end
   if redis.call('PTTL', KEYS[4]) < TOMBSTONE_MS + 1000 then
     redis.call('PEXPIRE', KEYS[4], TOMBSTONE_MS + 1000)
   end
@@ -101,6 +106,23 @@ end
 
 local function withdrawn(wait)
   return redis.call('ZSCORE', KEYS[4], 'x:' .. wait) ~= false
+end
+
+-- Give back the hold that wait WAIT made on a lock its owner holds (the caller checked the
+-- owner): the first hold, when FIRST (the hash's `wait` field as last read or returned here)
+-- names it, or a re-entry (its "e:<wait>" field). Returns 1 and the first hold's wait after it
+-- ('' once that one is given back), or 0 and FIRST when WAIT holds nothing here (it never
+-- took the lock, or was given back already: the same give-back sent again changes nothing).
+-- The caller takes the 1 off `count`.
+local function give_back(wait, first)
+  if wait == '' then
+    return 0, first
+  end
+  if wait == first then
+    redis.call('HSET', KEYS[1], 'wait', '')
+    return 1, ''
+  end
+  return redis.call('HDEL', KEYS[1], 'e:' .. wait), first
 end
 
 -- Queue MEMBER (if new: a retry keeps its place) and keep it fresh for STAY_MS.
