@@ -217,7 +217,7 @@ def _retry(retry_us: int) -> float:
 
 def _single_call(policy: Policy) -> tuple[int, Script, tuple[Any, ...]]:
     """The script a single check of ``policy`` runs (its algorithm's own, see SCRIPT_ONE) and
-    the command up to the key ("EVALSHA", sha, 1), cached on the policy with the settings
+    the command up to the keys (``("EVALSHA", sha, 2)``), cached on the policy with the settings
     generation (the head follows USE_FUNCTIONS). Only what the algorithm code and the settings
     decide: a policy derived with another rate (``with_rate``) copies the cache, and reads its
     own limit and period; one that keeps its rate (a rate callable's) builds its own, with one
