@@ -26,6 +26,7 @@ from django_redislua.checks import eviction_policy, evicts
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS, primary_nodes
 from django_redislua.discovery import PolicyInUse, policies_in_use
+from django_redislua.keys import DRF_SCOPE_KEY
 from django_redislua.limiting import inspect
 from django_redislua.limiting.policy import Policy, overrides_key
 from django_redislua.limiting.rates import RateError
@@ -141,9 +142,21 @@ def _policy_rows(in_use: dict[str, PolicyInUse]) -> list[dict[str, Any]]:
                      else policy.rate_spec if policy.algorithm != "concurrency" else None),
             "limit": policy.limit if not policy.is_dynamic else "per request",
             "timeout": None if policy.timeout is None else duration(policy.timeout),
-            "key": policy.key if isinstance(policy.key, str) else "",
+            "key": _key_shown(policy.key),
         })
     return rows
+
+
+def _key_shown(key: object) -> str:
+    """A policy's key as the policies table shows it: a DRF scope's as its identities read
+    (``throttle_anon_<ident>``), a callable by its dotted name."""
+    if isinstance(key, str):
+        if key.startswith(DRF_SCOPE_KEY):
+            return f"throttle_{key.removeprefix(DRF_SCOPE_KEY)}_<ident>"
+        return key
+    if callable(key):
+        return f"{getattr(key, '__module__', '?')}.{getattr(key, '__qualname__', '?')}(request)"
+    return "user_or_ip" if key is None else ""
 
 
 @admin.register(RedisLua)

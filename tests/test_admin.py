@@ -572,3 +572,14 @@ def test_scripts_page_shows_each_primarys_eviction_policy(
             assert "✔ noeviction" in row, row
     assert "✔ noeviction" in client.get(SCRIPTS_URL).content.decode()
 
+
+
+def test_the_search_boxes_suggest_identities_the_keys_yield(
+        login_as: Callable[..., Client]) -> None:
+    """Issue 35: the boxes suggested "user:42", a form no key yields (the user keys yield
+    "u42", docs/views.md's identity table)."""
+    client = login_as("change_redislua")
+    for url in (KEYS_URL, f"{BASE}overrides/", f"{BASE}overrides/set/"):
+        html = client.get(url).content.decode()
+        assert "user:42" not in html, url
+        assert "203.0.113.7 or u42" in html, url

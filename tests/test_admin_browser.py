@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Permission, User
 
-from django_redislua import get_policy
+from django_redislua import Policy, get_policy
 from django_redislua.locks import Lock
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -242,13 +242,16 @@ def test_the_keys_table_fits_1280_px_and_identities_never_wrap_mid_string(
     get_policy("login").hit("a visitor with a very long, unsafe identity " + "x" * 40)  # digest
     get_policy("api").hit("user:42", cost=14)
     get_policy("export").hit("user:42")
+    # every algorithm's state, whose fields take the most room (a sliding window's three)
+    for algorithm in ("fixed_window", "sliding_window", "token_bucket", "leaky_bucket"):
+        Policy(f"wide-{algorithm}", rate="5/m", algorithm=algorithm).hit("203.0.113.250")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.set_default_timeout(10_000)
             _log_in(page, live_server, "/admin/django_redislua/redislua/")
-            expect(page.locator("tr[data-key]")).to_have_count(5)
+            expect(page.locator("tr[data-key]")).to_have_count(9)
             _shoot(page, tmp_path, "admin-keys-1280.png")
             results = page.locator("#changelist .results")
             box = results.bounding_box()
