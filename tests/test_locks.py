@@ -167,6 +167,17 @@ def test_an_acquire_that_may_have_reached_redis_is_uncounted_until_settled() -> 
     assert lock._uncounted == set()
 
 
+def test_the_next_acquire_settles_the_uncounted_calls() -> None:
+    lock = Lock("holds-next", timeout=30)
+    lock._uncounted.add("lost")
+    acquire = lock._acquire(False, None)
+    call = next(acquire)
+    assert isinstance(call, Call) and tuple(call.command[3 + 4 + 10:]) == ("lost",)
+    with pytest.raises(StopIteration):
+        acquire.send([1, 7, 1])  # taken, with token 7
+    assert lock._uncounted == set() and lock._depth == 1
+
+
 def test_non_reentrant_second_acquire_by_owner_waits() -> None:
     lock = Lock("nre", timeout=5)
     assert lock.acquire()

@@ -612,37 +612,41 @@ async def test_an_async_lost_reentry_whose_give_back_never_arrives_is_settled_by
     assert lock._renewer is None
 
 
-def test_a_lost_first_acquire_is_settled_by_the_release_of_the_next_one(relay: Relay) -> None:
-    """The acquire that took the lock lost its reply and its give-back; the same Lock's next
-    acquire re-enters that hold (same owner). Its one release frees the lock."""
-    lock = Lock("lost-first", timeout=30, reentrant=True)
+@pytest.mark.parametrize("reentrant", [False, True], ids=["plain", "reentrant"])
+def test_a_lost_acquire_is_settled_by_the_next_acquire(relay: Relay, reentrant: bool) -> None:
+    """The acquire that took the lock lost its reply and its give-back: the same Lock's next
+    acquire gives that hold back first and takes the lock anew (before, a plain Lock waited
+    for its own lost hold's lease to run out, and a reentrant one re-entered it, so its one
+    release left the lock held)."""
+    lock = Lock("lost-first", timeout=30, reentrant=reentrant)
     relay.lose_replies()
     with pytest.raises(LockUnavailable):
         lock.acquire()
     given_back_thread(lock)
     assert holds(lock) == 1
     relay.restore()
-    assert lock.acquire()
-    assert holds(lock) == 2 and lock._depth == 1
+    assert lock.acquire(blocking=False)
+    assert holds(lock) == 1 and lock._depth == 1
     lock.release()
     assert Lock("lost-first", timeout=30).acquire(blocking=False)
 
 
 def test_a_give_back_arriving_after_a_reentry_on_its_hold_keeps_the_reentry(
         relay: Relay) -> None:
-    """As above, but the lost acquire's give-back lands after the next acquire re-entered the
-    hold it took: it gives back that one hold, and the caller of the re-entry still holds the
-    lock (before, the give-back freed it under that caller)."""
+    """A lost acquire's give-back lands after an acquire that did not know of it (another
+    thread's, sharing the object) re-entered the hold it took: it gives back that one hold,
+    and the caller of the re-entry still holds the lock (before, it freed it under them)."""
     lock = Lock("late-give", timeout=30, reentrant=True)
     relay.lose_replies()
     with pytest.raises(LockUnavailable):
         lock.acquire()
     given_back_thread(lock)
     relay.restore()
-    assert lock.acquire()
     late = _Wait(lock, None)
-    late.id = next(iter(lock._uncounted))  # the lost acquire's wait: its give-back, sent late
-    run(lock._giving_back(late))
+    late.id = lock._uncounted.pop()  # not yet recorded when the other acquire was sent
+    assert lock.acquire()
+    assert holds(lock) == 2
+    run(lock._giving_back(late))  # the lost acquire's give-back, landing late
     assert holds(lock) == 1 and lock.owned()
     assert not Lock("late-give", timeout=30).acquire(blocking=False)
     lock.release()
@@ -651,14 +655,16 @@ def test_a_give_back_arriving_after_a_reentry_on_its_hold_keeps_the_reentry(
 
 def test_a_release_that_reaches_redis_late_gives_back_its_own_hold_only(relay: Relay) -> None:
     """The release of the last hold is kept on its way (its caller gives up: LockUnavailable),
-    the same Lock acquires again and re-enters that hold (same owner, same token), then the
-    late release arrives: it gives back the old hold, not the new one."""
+    an acquire of the same Lock that did not know of it (another thread's, sharing the object:
+    the same Lock's own next acquire settles it first) re-enters that hold (same owner, same
+    token), then the late release arrives: it gives back the old hold, not the new one."""
     lock = Lock("late-release", timeout=30, reentrant=True)
     assert lock.acquire()
     relay.keep_requests()
     with pytest.raises(LockUnavailable):
         lock.release()
     assert lock._depth == 0
+    lock._uncounted.clear()  # not yet recorded when the other acquire was sent
     assert lock.acquire()
     assert holds(lock) == 2
     relay.deliver()

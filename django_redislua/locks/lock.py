@@ -29,9 +29,10 @@ A withdrawal may never land (Redis unreachable until it gives up), so it is not 
 lost re-entry from holding the lock. The Lock object keeps the ids of its holds (the acquire
 call that took the lock, then each re-entry) and of its acquire calls whose replies never
 arrived; every release gives back its hold by id and settles those calls with it (each gives
-back what it held, and is refused if it arrives later). Once the holder has released every
-hold it knows of, the lock is free on the server too; and a release sent twice, or arriving
-late, gives back its own hold only, never one made since.
+back what it held, and is refused if it arrives later), and so does the object's next
+acquire. Once the holder has released every hold it knows of, the lock is free on the server
+too; and a release sent twice, or arriving late, gives back its own hold only, never one made
+since.
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ class _Wait:
         self.confirm_call: Call | None = None
         self.acked = 0  # replicas that confirmed the last call (with Lock(replicas=N))
         self.unreplicated = False  # acquired, but fewer replicas confirmed than asked for
+        self.settling: list[str] = []  # the Lock's uncounted wait ids the last try sent
 
     def _stay_ms(self) -> int:
         """How long a queued registration lasts: until the waiter's next retry at the latest
@@ -166,10 +168,11 @@ class _Wait:
     def attempt(self, queued: bool) -> tuple[list[str], list[str | int]]:
         """Try to take (or confirm) the lock; ``queued``: subscribed, so stay queued if held."""
         lock = self.lock
+        self.settling = list(lock._uncounted)
         self.sent_at = time.monotonic()
         return lock._keys4, [lock.owner, self.id, lock._lease_ms, "1" if lock.reentrant else "0",
                              lock.name, self._stay_ms() if queued else 0, lock.keys.channel,
-                             lock._window_ms(), inbox_prefix(), self.inbox]
+                             lock._window_ms(), inbox_prefix(), self.inbox, *self.settling]
 
     def confirm(self) -> Call:
         """The call confirming the hand-off this wait heard of (lock_confirm.lua): a claim that
@@ -265,8 +268,9 @@ class Lock:
         self._holds: list[str] = []
         # Wait ids that may hold the lock on the server though this object does not count them:
         # acquire calls whose replies never arrived (until their give-back is seen to land),
-        # and holds whose release's reply never arrived. The next release settles them: each
-        # is given back if it holds, and refused if it arrives later (lock_release.lua).
+        # and holds whose release's reply never arrived. The next release or acquire settles
+        # them: each is given back if it holds, and refused if it arrives later
+        # (lock_release.lua, lock_acquire.lua).
         self._uncounted: set[str] = set()
         self._lost = False
         self._renewer: object | None = None
@@ -383,7 +387,9 @@ class Lock:
         if wait.granted:
             return wait.took((yield from self._calling(wait, wait.confirm())))
         keys, args = wait.attempt(queued)
-        return wait.took((yield from self._call(wait, ACQUIRE, keys, args)))
+        reply = yield from self._call(wait, ACQUIRE, keys, args)
+        self._uncounted.difference_update(wait.settling)  # settled by that call
+        return wait.took(reply)
 
     def _withdrawing(self, wait: _Wait, mode: str) -> Protocol[bool]:
         """Leave the queue ("take": a hand-off made to this wait is taken; "give": whatever the

@@ -15,6 +15,10 @@
 -- ARGV[8]  the claim window in milliseconds (how long a heir has to confirm a hand-off).
 -- ARGV[9]  the inbox prefix: a waiter's inbox channel is this followed by its inbox token.
 -- ARGV[10] this wait's inbox token ("": a hand-off to it is published on ARGV[7]).
+-- ARGV[11...]  the wait ids of the owner's earlier acquire calls whose replies never arrived
+--          (possibly none): settled first, as lock_release.lua does. A lost acquire that took
+--          the lock and whose give-back never arrived then no longer stands in the way of the
+--          same owner's next acquire (which would otherwise wait for its lease to run out).
 --
 -- A re-entry adds the field "e:<wait id>" (see below); the hash is bounded by the re-entries held.
 --
@@ -33,6 +37,26 @@ if withdrawn(wait) then
 end
 local now = now_us()
 local state = redis.call('HMGET', KEYS[1], 'owner', 'wait', 'count', 'token', 'claim')
+if #ARGV > 10 then
+  local uncounted = {}
+  for i = 11, #ARGV do
+    uncounted[#uncounted + 1] = ARGV[i]
+  end
+  tombstone(now, uncounted)
+  if state[1] == owner then
+    local count, first, given = tonumber(state[3]), state[2], 0
+    for _, lost in ipairs(uncounted) do
+      given, first = give_back(lost, first)
+      count = count - given
+    end
+    if count <= 0 then
+      redis.call('DEL', KEYS[1])  -- free: the flow below takes it or offers it on
+    elseif count ~= tonumber(state[3]) then
+      redis.call('HSET', KEYS[1], 'count', count)
+    end
+    state = redis.call('HMGET', KEYS[1], 'owner', 'wait', 'count', 'token', 'claim')
+  end
+end
 
 if not state[1] then
   -- Free. A queued waiter coming back takes it (it is alive: it is asking). A caller that is not
