@@ -421,6 +421,10 @@ def test_no_locks(login_as: Callable[..., Client]) -> None:
 # -- paging over a big keyspace ----------------------------------------------------------------
 NOISE = 100_000
 OURS = 300
+# Keys one fill script writes: each call stays far below the test client's socket timeout
+# on a loaded machine (10,000 SETs in one call, on a six-node cluster sharing two busy cores,
+# outlasted it once in CI).
+FILL_BATCH = 1_000
 _FILL = """
 for i = tonumber(ARGV[2]), tonumber(ARGV[3]) do
   redis.call('SET', ARGV[1] .. i, 'x')
@@ -435,12 +439,12 @@ def keys_in(r: Any) -> int:
 
 
 def fill(r: Any, count: int) -> None:
-    """``count`` keys no policy owns, written server-side 10,000 at a time; on a cluster an
-    equal share on every primary, each share under a hash tag that primary serves (a script
-    may only touch its own node's keys)."""
+    """``count`` keys no policy owns, written server-side ``FILL_BATCH`` at a time; on a
+    cluster an equal share on every primary, each share under a hash tag that primary serves
+    (a script may only touch its own node's keys)."""
     if not isinstance(r, RedisCluster):
-        for start in range(0, count, 10_000):
-            r.eval(_FILL, 0, "other:", start, min(count, start + 10_000) - 1)
+        for start in range(0, count, FILL_BATCH):
+            r.eval(_FILL, 0, "other:", start, min(count, start + FILL_BATCH) - 1)
         return
     primaries = r.get_primaries()
     share = -(-count // len(primaries))
@@ -449,8 +453,8 @@ def fill(r: Any, count: int) -> None:
                    if r.get_node_from_key(f"{{{t}}}").name == node.name)
         conn = r.get_redis_connection(node)
         stop = min(count, (n + 1) * share)
-        for start in range(n * share, stop, 10_000):
-            conn.eval(_FILL, 0, f"other:{{{tag}}}:", start, min(stop, start + 10_000) - 1)
+        for start in range(n * share, stop, FILL_BATCH):
+            conn.eval(_FILL, 0, f"other:{{{tag}}}:", start, min(stop, start + FILL_BATCH) - 1)
 
 
 def assert_scan_links(html: str, more_url: str | None, page_number: int) -> None:

@@ -172,7 +172,11 @@ def deployed(request: pytest.FixtureRequest, servers: Servers) -> Iterator[str]:
     rest = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"anon": "3/h", "user": "3/h"}}
     with override_settings(
         CACHES={**settings.CACHES, **caches},
-        REDISLUA={"CONNECTION": connection, "KEY_PREFIX": prefix, "FAIL_OPEN": True},
+        # Patient timeouts: these tests are about each deployment working, not about how fast
+        # a starved machine connects (a TLS handshake on a loaded CI machine took over the
+        # default 0.5 s once: a failure to connect, so the lock was LockUnavailable).
+        REDISLUA={"CONNECTION": connection, "KEY_PREFIX": prefix, "FAIL_OPEN": True,
+                  "SOCKET_TIMEOUT": 5.0, "SOCKET_CONNECT_TIMEOUT": 5.0},
         REST_FRAMEWORK=rest,
     ):
         yield request.param
