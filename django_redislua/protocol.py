@@ -17,32 +17,28 @@ rule every transport must: **a script is sent once**. A reply that may have been
 only replies that say the script did not run (NOSCRIPT, a missing function, and on a cluster
 MOVED, ASK, TRYAGAIN, CLUSTERDOWN, or a connection that could not even be opened) lead to the
 same script being sent again.
+
+A protocol does no I/O and has no side effect of its own: the clock is read by yielding
+:class:`Now`, a pause is a :class:`Pause`, a Redis failure is counted by yielding
+:class:`Failed`. So a scripted transport and a virtual clock can drive any protocol
+(``tests/unit/scripted.py``). This module imports neither Django nor redis-py nor the app's
+metrics: the failure families it matches come from :mod:`django_redislua.failures`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 import weakref
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-import redis
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    MovedError,
-    NoScriptError,
-    ResponseError,
-    TryAgainError,
-)
-
-from django_redislua import metrics
-from django_redislua.connection import CLIENT_ERRORS, TornDown
+from django_redislua.failures import families
 
 if TYPE_CHECKING:
+    from redis.exceptions import AskError
+
     from django_redislua.scripts import Script
 
 T = TypeVar("T")
@@ -110,6 +106,19 @@ class Pause:
 
     seconds: float
     wake: threading.Event | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Now:
+    """Produces the monotonic clock's reading, in seconds (``time.monotonic()``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A Redis failure of ``operation`` (a script's name), counted in
+    ``redislua_redis_errors_total``. Produces None."""
+
+    operation: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,8 +201,8 @@ class Join:
     spawned: Any
 
 
-Operation = (Call | Send | Load | Refresh | Clustered | Execute | Pause | Subscribe | Inbox
-             | Listen | Unsubscribe | Invoke | Spawn | Join)
+Operation = (Call | Send | Load | Refresh | Clustered | Execute | Pause | Now | Failed | Subscribe
+             | Inbox | Listen | Unsubscribe | Invoke | Spawn | Join)
 Protocol = Generator[Operation, Any, T]
 
 
@@ -244,10 +253,9 @@ def retried(step: Callable[[], Protocol[T]], until_monotonic: float) -> Protocol
     while True:
         try:
             return (yield from step())
-        except CLIENT_ERRORS as failure:
-            busy = isinstance(failure, (redis.TimeoutError, TornDown))
-            refused = was_unsent(failure) and not busy
-            if refused or time.monotonic() + delay >= until_monotonic:
+        except families().client as failure:
+            refused = was_unsent(failure) and not isinstance(failure, families().busy)
+            if refused or (yield Now()) + delay >= until_monotonic:
                 return None
             yield Pause(delay)
             delay = min(delay * 2, 1.0)
@@ -259,7 +267,7 @@ def undone(failure: BaseException, giving_back: Protocol[Any], name: str) -> Pro
     twice). After a Redis failure it goes on apart (a thread or a task): the caller must not
     wait another socket timeout for it; after anything else (a cancellation, an exception of
     the caller's code), before the failure reaches the caller."""
-    if isinstance(failure, CLIENT_ERRORS):
+    if isinstance(failure, families().client):
         yield Spawn(giving_back, name, threading.Event())
     else:
         yield from giving_back
@@ -267,8 +275,8 @@ def undone(failure: BaseException, giving_back: Protocol[Any], name: str) -> Pro
 
 # -- script calls, written once for every transport and topology --------------------------------
 
-# Replies that say the command did not run and another node (or a moment) may run it.
-REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError)
+# Replies that say the command did not run and another node (or a moment) may run it:
+# families().redirects (MOVED, ASK, TRYAGAIN, CLUSTERDOWN).
 # At most this many sends of one command that came back "not run" (a redirect, a missing
 # script): a slot moving twice during one call is possible, a loop is not.
 MOST_SENDS = 5
@@ -283,13 +291,18 @@ CONNECT_ATTEMPTS = 2
 TRY_AGAIN_PAUSE = 0.05  # before sending again after TRYAGAIN (a slot migrating its keys)
 
 
-MISSING = NoScriptError("NOSCRIPT a send before this one found the script missing")
+MISSING = object()  # the reply of a send before this one that found the script missing
 
 
 def missing(reply: object) -> bool:
     """The server lacks the script (NOSCRIPT) or the function (FCALL's "function not found")."""
-    return isinstance(reply, NoScriptError) or (
-        isinstance(reply, ResponseError) and "function not found" in str(reply).lower())
+    if reply is MISSING:
+        return True
+    if not isinstance(reply, Exception):
+        return False
+    known = families()
+    return isinstance(reply, known.no_script) or (
+        isinstance(reply, known.response) and "function not found" in str(reply).lower())
 
 
 def call(script: Script, command: Command, loaded_first: bool = False) -> Protocol[Any]:
@@ -302,8 +315,8 @@ def call_groups(script: Script, commands: Sequence[Command], after: Command | No
     """:func:`_call_groups`, each failure counted in ``redislua_redis_errors_total``."""
     try:
         return (yield from _call_groups(script, commands, after, loaded_first))
-    except CLIENT_ERRORS:
-        metrics.redis_error(script.name)
+    except families().client:
+        yield Failed(script.name)
         raise
 
 
@@ -333,7 +346,7 @@ def _call_groups(script: Script, commands: Sequence[Command], after: Command | N
         )
         try:
             answered: list[list[Any]] = yield Send(batches)
-        except CLIENT_ERRORS as failure:
+        except families().client as failure:
             if not was_unsent(failure):
                 yield from _refresh_quietly()  # the next call finds a server that took over
                 raise
@@ -347,8 +360,10 @@ def _call_groups(script: Script, commands: Sequence[Command], after: Command | N
                 if after is not None and not isinstance(reply, Exception):
                     reply = (reply, group_replies[chunk * n + 1])
                 replies[i] = reply
-        todo = [i for i in todo if missing(replies[i]) or isinstance(replies[i], REDIRECTS)]
-        down += any(isinstance(replies[i], ClusterDownError) for i in todo)
+        known = families()
+        todo = [i for i in todo
+                if missing(replies[i]) or isinstance(replies[i], known.redirects)]
+        down += any(isinstance(replies[i], known.cluster_down) for i in todo)
         if not todo or sends - down >= MOST_SENDS or down >= CLUSTER_DOWN_SENDS:
             break
         for i in [i for i in todo if _asked(replies[i])]:
@@ -356,11 +371,11 @@ def _call_groups(script: Script, commands: Sequence[Command], after: Command | N
             todo.remove(i)
         if not todo:
             break
-        if any(isinstance(replies[i], ClusterDownError) for i in todo):
+        if any(isinstance(replies[i], known.cluster_down) for i in todo):
             yield Pause(CLUSTER_DOWN_PAUSE)
-        elif any(isinstance(replies[i], TryAgainError) for i in todo):
+        elif any(isinstance(replies[i], known.try_again) for i in todo):
             yield Pause(TRY_AGAIN_PAUSE)
-        if any(isinstance(replies[i], (MovedError, ClusterDownError)) for i in todo):
+        if any(isinstance(replies[i], known.moved + known.cluster_down) for i in todo):
             yield Refresh()
     for reply in replies:
         if isinstance(reply, Exception):
@@ -370,7 +385,8 @@ def _call_groups(script: Script, commands: Sequence[Command], after: Command | N
 
 def _asked(reply: object) -> bool:
     """An ASK redirect (redis-py's MovedError is an AskError too: a MOVED is not one)."""
-    return isinstance(reply, AskError) and not isinstance(reply, MovedError)
+    known = families()
+    return isinstance(reply, known.ask) and not isinstance(reply, known.moved)
 
 
 def _first_key(command: Command) -> KeyArg | None:
@@ -382,12 +398,11 @@ def _asking(script: Script, command: Command, after: Command | None, ask: AskErr
     """Send one call to the node an ASK redirect names, after ``ASKING``, on one connection
     (the script loaded first when it is missing there)."""
     group: tuple[Command, ...] = (("ASKING",), command, *((after,) if after is not None else ()))
-    for attempt in range(2):
-        answered: list[list[Any]] = yield Send(((None, group),), address=(ask.host, ask.port))
-        replies = answered[0]
-        if attempt or not missing(replies[1]):
-            break
+    asked = Send(((None, group),), address=(ask.host, ask.port))
+    replies: list[Any] = (yield asked)[0]
+    if missing(replies[1]):
         yield Load(script.load_command())
+        replies = (yield asked)[0]
     reply = replies[1]
     if isinstance(reply, Exception) or after is None:
         return reply
@@ -395,7 +410,7 @@ def _asking(script: Script, command: Command, after: Command | None, ask: AskErr
 
 
 def _refresh_quietly() -> Protocol[None]:
-    with contextlib.suppress(redis.RedisError, OSError):
+    with contextlib.suppress(*families().redis_or_socket):
         yield Refresh()
 
 

@@ -68,12 +68,14 @@ from django_redislua.protocol import (
     Clustered,
     Command,
     Execute,
+    Failed,
     Inbox,
     Invoke,
     Join,
     Listen,
     Load,
     Mailbox,
+    Now,
     Pause,
     Protocol,
     Refresh,
@@ -247,6 +249,7 @@ class Transport:
         self.operations: dict[type, Callable[[Any], Any]] = {
             Call: self.perform_call, Send: self.send, Load: self.load, Refresh: self.refresh,
             Clustered: self.clustered, Execute: self.execute, Pause: self.pause,
+            Now: self.now, Failed: self.failed,
             Subscribe: self.subscribe, Listen: self.listen, Unsubscribe: self.unsubscribe,
             Inbox: self.inbox, Invoke: self.invoke, Spawn: self.spawn, Join: self.join,
         }
@@ -349,6 +352,14 @@ class Transport:
             time.sleep(op.seconds)
         else:
             op.wake.wait(op.seconds)
+
+    @staticmethod
+    def now(op: Now) -> float:
+        return time.monotonic()
+
+    @staticmethod
+    def failed(op: Failed) -> None:
+        metrics.redis_error(op.operation)
 
     @staticmethod
     def invoke(op: Invoke) -> Any:
@@ -566,6 +577,7 @@ class AsyncTransport:
         self.operations: dict[type, Callable[[Any], Any]] = {
             Call: self.perform_call, Send: self.send, Load: self.load, Refresh: self.refresh,
             Clustered: self.clustered, Execute: self.execute, Pause: self.pause,
+            Now: self.now, Failed: self.failed,
             Subscribe: self.subscribe, Listen: self.listen, Unsubscribe: self.unsubscribe,
             Inbox: self.inbox, Invoke: self.invoke, Spawn: self.spawn, Join: self.join,
         }
@@ -626,6 +638,14 @@ class AsyncTransport:
     @staticmethod
     def pause(op: Pause) -> Any:
         return asyncio.sleep(op.seconds)
+
+    @staticmethod
+    async def now(op: Now) -> float:
+        return time.monotonic()
+
+    @staticmethod
+    async def failed(op: Failed) -> None:
+        metrics.redis_error(op.operation)
 
     @staticmethod
     async def invoke(op: Invoke) -> Any:
