@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,12 +49,33 @@ def _flush(client: redis.Redis) -> None:
     client.function_flush()
 
 
+# The unit tier (marker ``unit``: every test under tests/unit/, and pure tests elsewhere) needs
+# no Redis: its CONNECTION is a closed port, so a unit test that reaches for Redis by accident
+# fails at once instead of quietly using one.
+NOWHERE = "redis://127.0.0.1:1/0"
+UNIT_DIR = Path(__file__).resolve().parent / "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if UNIT_DIR in item.path.parents:
+            item.add_marker(pytest.mark.unit)
+
+
 @pytest.fixture(autouse=True)
-def _flush_redis() -> Iterator[None]:
+def _flush_redis(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test starts on an empty Redis; a unit test on none at all (see NOWHERE)."""
+    denials.forget()  # the process's denials of keys FLUSHALL just removed
+    if request.node.get_closest_marker("unit") is not None:
+        from tests.settings import REDISLUA
+
+        with override_settings(REDISLUA={**REDISLUA, "CONNECTION": NOWHERE}):
+            yield
+        return
     client = get_client()
     assert isinstance(client, redis.Redis)
     _flush(client)
-    denials.forget()  # the process's denials of keys FLUSHALL just removed
+    denials.forget()
     yield
 
 
