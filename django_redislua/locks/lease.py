@@ -14,6 +14,9 @@ loses nothing); only then, or when Redis says the lease is someone else's, is it
 ``Join``) sets its stop event; a task is also cancelled, and the protocol checks the event
 after every operation, so a cancellation lost on its way (Python 3.11's ``wait_for``, which
 redis-py wraps socket writes in, can return instead of raising) still stops it.
+
+The protocols here read the clock through the transport (``protocol.Now``), so a scripted
+transport runs a renewer in virtual time (``tests/unit/test_lease.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from django_redislua.connection import CLIENT_ERRORS
 
 # FIRST_RETRY: the first retry after a failed renewal; each further one waits twice as long
 # (at most a renewal interval, and never past the lease's end).
-from django_redislua.protocol import FIRST_RETRY, Call, Join, Pause, Protocol, Spawn
+from django_redislua.protocol import FIRST_RETRY, Call, Join, Now, Pause, Protocol, Spawn
 from django_redislua.scripts import get_script
 
 
@@ -50,7 +53,7 @@ class Lease:
     def extending(self, seconds: float, replace: bool = True) -> Protocol[bool]:
         """Make the lease ``seconds`` (or add them); False when it is no longer ours."""
         script = get_script("django_redislua.lock_extend")
-        sent_at = time.monotonic()
+        sent_at: float = yield Now()
         reply = yield Call(script, script.command(
             [self.key], [self.owner, milliseconds(seconds), "replace" if replace else "add"]))
         ttl_ms = int(reply)
@@ -69,9 +72,9 @@ class _Schedule:
         self.failures = 0
         self.taken = False  # Redis said the lease is someone else's
 
-    def next_delay(self) -> float | None:
+    def next_delay(self, now: float) -> float | None:
         """Seconds until the next try, or None when the lease is lost (ran out, or taken)."""
-        left = self.lease.deadline - time.monotonic()
+        left = self.lease.deadline - now
         if self.taken or left <= 0:
             return None
         interval = self.seconds / 3
@@ -93,7 +96,7 @@ def renewing(lease: Lease, seconds: float, on_lost: Callable[[], None],
     """Keep ``lease`` at ``seconds`` until ``stop`` is set; call ``on_lost`` once if it runs
     out or is taken first."""
     schedule = _Schedule(lease, seconds)
-    while (delay := schedule.next_delay()) is not None:
+    while (delay := schedule.next_delay((yield Now()))) is not None:
         yield Pause(delay, wake=stop)
         if stop.is_set():
             return

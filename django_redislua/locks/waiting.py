@@ -17,6 +17,8 @@ queued waiter and says so on the channel, so that waiter confirms at once and th
 only until the offer would run out unconfirmed.
 
 :func:`until` is a protocol (:mod:`django_redislua.protocol`): the same wait for both drivers.
+It reads the clock through the transport (``protocol.Now``), so a scripted transport runs a
+wait in virtual time (``tests/unit/test_waiting.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django_redislua.protocol import Inbox, Listen, Mailbox, Protocol, Subscribe, Unsubscribe
+from django_redislua.protocol import Inbox, Listen, Mailbox, Now, Protocol, Subscribe, Unsubscribe
 
 # An attempt is a protocol returning None when it succeeded, else the seconds after which the
 # state changes on its own (a lease expiring); math.inf when only a message can change it.
@@ -42,22 +44,23 @@ _SUBSCRIBE_CONFIRM = 1.0
 LONGEST_SLEEP = 60.0
 
 
-def _bounded(wait: float, deadline: float | None) -> float:
+def _bounded(wait: float, deadline: float | None, now: float) -> float:
     """Seconds to sleep before the next attempt, or -1.0 when the deadline has passed."""
     if deadline is not None:
-        remaining = deadline - time.monotonic()
+        remaining = deadline - now
         if remaining <= 0:
             return -1.0
         wait = min(wait, remaining)
     return min(max(wait, 0.0), LONGEST_SLEEP)
 
 
-def _woken(verdict: bool | float | str, wake_at: float, deadline: float | None) -> float:
+def _woken(verdict: bool | float | str, wake_at: float, deadline: float | None,
+           now: float) -> float:
     """When to try next after a message that was not for us: unchanged, or (a number) at most
     that many seconds from now."""
     if isinstance(verdict, (bool, str)):
         return wake_at
-    return min(wake_at, time.monotonic() + max(_bounded(verdict, deadline), 0.0))
+    return min(wake_at, now + max(_bounded(verdict, deadline, now), 0.0))
 
 
 # A message's type, as redis-py gives it (text, or bytes on some versions and protocols).
@@ -85,7 +88,8 @@ def _verdict(message: Any, channel: str,
 
 
 def deadline_after(timeout: float | None) -> float | None:
-    """The monotonic time a wait of ``timeout`` seconds (None: no limit) begun now ends at."""
+    """The monotonic time a wait of ``timeout`` seconds (None: no limit) begun now ends at
+    (``time.monotonic()``, the clock the transports' ``Now`` reads)."""
     return None if timeout is None else time.monotonic() + timeout
 
 
@@ -106,33 +110,37 @@ def until(channel: str | Inbox, attempt: Attempt, deadline: float | None,
     else:
         subscription, confirmed = (yield Subscribe(channel)), False
     try:
-        confirm_by = time.monotonic() + _SUBSCRIBE_CONFIRM
-        if deadline is not None:
-            confirm_by = min(confirm_by, deadline)  # never past the caller's deadline
-        while not confirmed and not _is(
-                (yield Listen(subscription, max(confirm_by - time.monotonic(), 0))),
-                "subscribe", channel):
-            if time.monotonic() >= confirm_by:
-                break
+        if not confirmed:
+            now: float = yield Now()
+            confirm_by = now + _SUBSCRIBE_CONFIRM
+            if deadline is not None:
+                confirm_by = min(confirm_by, deadline)  # never past the caller's deadline
+            while not _is((yield Listen(subscription, max(confirm_by - now, 0))),
+                          "subscribe", channel):
+                now = yield Now()
+                if now >= confirm_by:
+                    break
         if box is not None and box.kept:
             box.confirmed = True  # read (or given up on: a late one is skipped as no message)
         while True:
             wait = yield from attempt()
             if wait is None:
                 return True
-            sleep = _bounded(wait, deadline)
+            now = yield Now()
+            sleep = _bounded(wait, deadline, now)
             if sleep < 0:
                 return False
-            wake_at = time.monotonic() + sleep
+            wake_at = now + sleep
             while True:
-                left = max(wake_at - time.monotonic(), 0.0)
+                left = max(wake_at - now, 0.0)
                 verdict = _verdict((yield Listen(subscription, left)), channel, on_message)
                 if verdict is True:
                     return True
                 if verdict is None:
                     break
-                wake_at = _woken(verdict, wake_at, deadline)
-                if time.monotonic() >= wake_at:
+                now = yield Now()
+                wake_at = _woken(verdict, wake_at, deadline, now)
+                if now >= wake_at:
                     break
     finally:
         if box is None or not box.kept:
