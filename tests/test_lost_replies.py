@@ -291,7 +291,8 @@ def test_a_failed_call_to_several_nodes_leaves_no_reply_for_the_next_call(
     B the next call comes after B's reply (the pool's check then sees it), so the race would
     be run only some of the time.
 
-    What it checks is the pool, not a timeout; its staging is timed to a tenth of a second
+    What it checks is the pool, not a timeout; the hit must need nothing from A (its script
+    is loaded before), and its staging is timed to a tenth of a second
     (the reply of B must be pending when the send fails, and the hit's handshake answered
     soon after), which busy cores push out of order (one loaded module run in twelve
     failed): it runs with the load paused (``quiet_machine``)."""
@@ -313,6 +314,9 @@ def test_a_failed_call_to_several_nodes_leaves_no_reply_for_the_next_call(
         transport = get_transport()
         assert isinstance(transport, ClusterTransport)
         assert transport.send(send) == [[1], [1]]  # connected: the send below writes at once
+        # The hit's script loaded on every primary now: loaded by the hit below (NOSCRIPT, as
+        # after a server's restart), it would be loaded on A too, busy, and time out there.
+        assert policy.hit("warm").remaining == 999
         # A is read first and fails at 0.6 s (busy until 1.5 s); B answers at 0.85 s, while
         # the hit (sent from 0.6 s on) waits: on a new connection, whose handshake B answers
         # once it resumes, well within 0.6 s.
