@@ -13,9 +13,8 @@ from typing import Any
 import redis
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
-from django.utils.module_loading import import_string
 
-from django_redislua.conf import DEFAULTS, DENIED_BODIES, HEADER_MODES, valid_claim_window
+from django_redislua.conf import DEFAULTS, SCHEMA
 from django_redislua.limiting.policy import POLICY_OPTIONS, PolicyError
 from django_redislua.limiting.registry import broken_in_settings, build_policy
 from django_redislua.links import check_url
@@ -175,27 +174,8 @@ def _body_key_on_every_method(policy: Any) -> list[CheckMessage]:
     )]
 
 
-def _metrics(value: Any) -> list[CheckMessage]:
-    from django_redislua import metrics
-
-    if not metrics.valid_setting(value):
-        return [_error(
-            "redislua.E025",
-            f"REDISLUA['METRICS'] must be \"auto\" or a list of {list(metrics.BACKENDS)} "
-            f"(each at most once), not {value!r}.",
-        )]
-    if value == "auto":
-        return []
-    extras = {metrics.PROMETHEUS: "prometheus", metrics.OPENTELEMETRY: "otel"}
-    return [
-        _error("redislua.E025",
-               f"REDISLUA['METRICS'] names {name!r}, whose package is not installed.",
-               hint=f"pip install 'django-redislua[{extras[name]}]'.")
-        for name in value if not metrics.installed(name)
-    ]
-
-
 def _scalars(config: dict[str, Any]) -> list[CheckMessage]:
+    """W001 for unknown keys; then every setting given, against its rule in the schema."""
     messages: list[CheckMessage] = []
     unknown = sorted(set(config) - set(DEFAULTS))
     if unknown:
@@ -206,100 +186,10 @@ def _scalars(config: dict[str, Any]) -> list[CheckMessage]:
                 id="redislua.W001",
             )
         )
-    if "HEADERS" in config and config["HEADERS"] not in HEADER_MODES:
-        messages.append(
-            _error(
-                "redislua.E012",
-                f"REDISLUA['HEADERS'] must be one of {HEADER_MODES}, not {config['HEADERS']!r}.",
-            )
-        )
-    body = config.get("DENIED_BODY", DEFAULTS["DENIED_BODY"])
-    if not isinstance(body, str) or body not in DENIED_BODIES:
-        messages.append(_error(
-            "redislua.E028",
-            f"REDISLUA['DENIED_BODY'] must be one of {DENIED_BODIES}, not {body!r:.80}; "
-            "denials keep the plain text body until it is fixed.",
-        ))
-    if "FAIL_OPEN" in config and not isinstance(config["FAIL_OPEN"], bool):
-        messages.append(_error("redislua.E013", "REDISLUA['FAIL_OPEN'] must be True or False."))
-    proxies = config.get("TRUSTED_PROXIES", 0)
-    if isinstance(proxies, bool) or not isinstance(proxies, int) or proxies < 0:
-        messages.append(
-            _error(
-                "redislua.E014",
-                f"REDISLUA['TRUSTED_PROXIES'] must be a whole number >= 0, not {proxies!r}.",
-            )
-        )
-    for name, top in (("IPV4_MASK", 32), ("IPV6_MASK", 128)):
-        mask = config.get(name, DEFAULTS[name])
-        if isinstance(mask, bool) or not isinstance(mask, int) or not 0 < mask <= top:
-            messages.append(
-                _error(
-                    "redislua.E015",
-                    f"REDISLUA['{name}'] must be between 1 and {top}, not {mask!r}.",
-                )
-            )
-    prefix = config.get("KEY_PREFIX", DEFAULTS["KEY_PREFIX"])
-    if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{} \r\n"):
-        messages.append(
-            _error(
-                "redislua.E016",
-                f"REDISLUA['KEY_PREFIX'] must be a non-empty string "
-                f"without braces or spaces, not {prefix!r}.",
-            )
-        )
-    for name in ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT"):
-        value = config.get(name, DEFAULTS[name])
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
-        ):
-            messages.append(
-                _error(
-                    "redislua.E019",
-                    f"REDISLUA['{name}'] must be a number of seconds > 0 or None, not {value!r}.",
-                )
-            )
-    window = config.get("LOCK_CLAIM_WINDOW", DEFAULTS["LOCK_CLAIM_WINDOW"])
-    if not valid_claim_window(window):
-        messages.append(
-            _error(
-                "redislua.E023",
-                f"REDISLUA['LOCK_CLAIM_WINDOW'] must be a number of seconds > 0 and <= 60, "
-                f"not {window!r}.",
-            )
-        )
-    messages.extend(_metrics(config.get("METRICS", DEFAULTS["METRICS"])))
-    token = config.get("METRICS_TOKEN")
-    if token is not None and not (isinstance(token, str) and len(token) >= 16):
-        messages.append(_error(
-            "redislua.E027", "REDISLUA['METRICS_TOKEN'] must be None or a string of at least 16 "
-            f"characters, not a {type(token).__name__}" + (
-                f" of {len(token)}" if isinstance(token, str) else "") + "."))
-    for name in ("LOCAL_DENY", "LEAN_CALLS", "ENABLED"):
-        value = config.get(name, DEFAULTS[name])
-        if not isinstance(value, bool):
-            messages.append(
-                _error("redislua.E024", f"REDISLUA['{name}'] must be True or False, not {value!r}.")
-            )
-    options = config.get("CONNECTION_OPTIONS", {})
-    if not isinstance(options, dict):
-        messages.append(_error("redislua.E019", "REDISLUA['CONNECTION_OPTIONS'] must be a dict."))
-    denied = config.get("DENIED_VIEW")
-    if denied is not None:
-        try:
-            target = import_string(denied) if isinstance(denied, str) else denied
-        except ImportError as exc:
-            target = None
-            messages.append(
-                _error(
-                    "redislua.E018", f"REDISLUA['DENIED_VIEW'] {denied!r} cannot be imported: {exc}"
-                )
-            )
-        else:
-            if not callable(target):
-                messages.append(
-                    _error("redislua.E018", f"REDISLUA['DENIED_VIEW'] {denied!r} is not callable.")
-                )
+    for setting in SCHEMA:
+        if setting.name in config and setting.check_id is not None:
+            messages += [_error(setting.check_id, problem.message, problem.hint)
+                         for problem in setting.problems(config[setting.name])]
     return messages
 
 

@@ -16,16 +16,19 @@ Prometheus instruments live in ``prometheus_client``'s default registry (django-
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from django_redislua.conf import on_change, settings
-
-PROMETHEUS = "prometheus"
-OPENTELEMETRY = "opentelemetry"
-BACKENDS = (PROMETHEUS, OPENTELEMETRY)
-_MODULES = {PROMETHEUS: "prometheus_client", OPENTELEMETRY: "opentelemetry.metrics"}
+from django_redislua.metric_backends import (
+    BACKENDS,
+    PROMETHEUS,
+    installed,
+    valid_setting,
+)
+from django_redislua.metric_backends import (
+    OPENTELEMETRY as OPENTELEMETRY,  # re-exported: metrics.OPENTELEMETRY names a backend
+)
 
 ALLOWED, DENIED, SHADOW_DENIED = "allowed", "denied", "shadow_denied"
 FAILED_OPEN, UNAVAILABLE = "failed_open", "unavailable"
@@ -65,21 +68,6 @@ class Sink(Protocol):
     def lock_acquired(self, result: str) -> None: ...
     def lock_wait(self, seconds: float) -> None: ...
     def lock_lost(self) -> None: ...
-
-
-def valid_setting(value: Any) -> bool:
-    """``METRICS``: ``"auto"``, or a list (or tuple) of backend names, each at most once."""
-    if value == "auto":
-        return True
-    return (isinstance(value, (list, tuple)) and all(v in BACKENDS for v in value)
-            and len(set(value)) == len(value))
-
-
-def installed(backend: str) -> bool:
-    try:
-        return importlib.util.find_spec(_MODULES[backend]) is not None
-    except ModuleNotFoundError:  # a parent package missing (``opentelemetry``)
-        return False
 
 
 def wanted(value: Any) -> list[str]:

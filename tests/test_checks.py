@@ -169,6 +169,33 @@ def test_e019_timeouts():
     assert ids(CONNECTION_OPTIONS=[]) == ["redislua.E019"]
 
 
+def test_e019_a_timeout_or_options_the_app_cannot_read_is_reported_not_raised():
+    # Issue 36: these raised from check_settings (the connection check reads the facade) and
+    # from every request, instead of being reported.
+    for bad in ({"SOCKET_TIMEOUT": "soon"}, {"SOCKET_CONNECT_TIMEOUT": []},
+                {"CONNECTION_OPTIONS": None}, {"CONNECTION_OPTIONS": "x"}):
+        assert ids(CONNECTION="default", **bad) == ["redislua.E019"], bad
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("bad", [{"SOCKET_TIMEOUT": "soon"}, {"CONNECTION_OPTIONS": 3},
+                                 {"TRUSTED_PROXIES": "x"}, {"IPV4_MASK": None}])
+def test_a_setting_the_app_cannot_read_still_limits_on_its_default(bad):
+    from django.conf import settings
+    from django.test import Client
+
+    client = Client(raise_request_exception=True)
+    with override_settings(REDISLUA={**settings.REDISLUA, **bad}):
+        assert [client.get("/rl/inline/").status_code for _ in range(4)] == [200, 200, 200, 429]
+
+
+def test_e024_use_functions():
+    # A string is truthy: "false" would have called every script with FCALL.
+    assert ids(USE_FUNCTIONS="false") == ["redislua.E024"]
+    assert ids(USE_FUNCTIONS=1) == ["redislua.E024"]
+    assert ids(USE_FUNCTIONS=True) == [] and ids(USE_FUNCTIONS=False) == []
+
+
 def test_e023_lock_claim_window():
     assert ids(LOCK_CLAIM_WINDOW=0) == ["redislua.E023"]
     assert ids(LOCK_CLAIM_WINDOW=61) == ["redislua.E023"]

@@ -37,7 +37,7 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory, force_authenticate
 from rest_framework.views import APIView
 
-from django_redislua import drf, metrics
+from django_redislua import drf, metric_backends, metrics
 from django_redislua.checks import check_settings
 from django_redislua.compat import Ratelimited, get_usage, is_ratelimited
 from django_redislua.compat import ratelimit as compat_ratelimit
@@ -1215,7 +1215,8 @@ def test_the_setting_is_read_again_when_it_changes(meter: Meter) -> None:
 
 def test_auto_skips_a_backend_that_is_not_installed(meter: Meter,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(metrics._MODULES, metrics.OPENTELEMETRY, "redislua_absent_pkg.metrics")
+    monkeypatch.setitem(metric_backends.MODULES, metrics.OPENTELEMETRY,
+                        "redislua_absent_pkg.metrics")
     assert not metrics.installed(metrics.OPENTELEMETRY)
     with redislua(METRICS="auto"):
         assert metrics.wanted("auto") == ["prometheus"]
@@ -1274,7 +1275,8 @@ def test_e025_from_run_checks_and_for_a_package_not_installed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     with redislua(METRICS=["prometheus", "prometheus"]):
         assert "redislua.E025" in [m.id for m in run_checks()]
-    monkeypatch.setattr(metrics, "installed", lambda backend: backend != metrics.OPENTELEMETRY)
+    monkeypatch.setitem(metric_backends.MODULES, metrics.OPENTELEMETRY,
+                        "redislua_absent_pkg.metrics")
     with redislua(METRICS=["prometheus", "opentelemetry"]):
         messages = [m for m in run_checks() if m.id == "redislua.E025"]
     assert len(messages) == 1
