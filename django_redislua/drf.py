@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -45,30 +45,23 @@ if TYPE_CHECKING:
     from rest_framework.request import Request
     from rest_framework.views import APIView
 
-from django_redislua import reporting
 from django_redislua.conf import settings
-from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.headers import rate_limit_headers
 from django_redislua.keys import DRF_SCOPE_KEY, masked
-from django_redislua.limiting import Decision, Policy, PolicyError, denials, evaluate, parse_rate
-from django_redislua.limiting.engine import Check, PartlyDecided
+from django_redislua.limiting import Decision, Policy, PolicyError, denials, parse_rate
 from django_redislua.limiting.rates import RateError
-from django_redislua.limiting.refund import Refund, refunds_of
-from django_redislua.reporting import report_broken
+from django_redislua.limiting.refund import Refund
 from django_redislua.request_layer import (
     UNAVAILABLE_RETRY_AFTER,
+    Outcome,
     Rule,
-    checks_for,
-    enforced,
+    RuleOrError,
+    decide,
     mark_logged,
-    record_shadow,
     refund_unless_failed,
     release_all,
-    report_failure,
     rule_for_name,
-    soft_indexes,
 )
-from django_redislua.signals import rate_limited
 
 __all__ = [
     "AnonRateThrottle",
@@ -108,53 +101,25 @@ def _unavailable(view: APIView | None) -> RateLimiterUnavailable:
     return RateLimiterUnavailable()
 
 
-def _decide(
-    throttle: BaseThrottle, request: Request, view: APIView | None, checks: Sequence[Check],
-    now_us: int | None = None, soft: frozenset[int] = frozenset(),
-) -> list[Decision | None] | None:
-    """Decide ``checks`` in one script call and record them (shadow policies' Decisions on
-    ``request.ratelimit_shadow``, without headers). One Decision per check; None for a check
-    left undecided because Redis failed after another was already denied without it.
-
-    The limiter failing: None (admit) with ``FAIL_OPEN``, else RateLimiterUnavailable (503).
-    """
-    decisions: list[Decision | None]
-    try:
-        decisions = list(evaluate(checks, now_us=now_us, soft=soft))
-        if reporting._failing:
-            reporting.report_recovery()
-    except CLIENT_ERRORS as exc:
-        admit = report_failure(checks, exc)  # one warning a minute, not one per request
-        if isinstance(exc, PartlyDecided):  # refused anyway, by a rule decided without Redis
-            decisions = exc.known
-        elif admit:
-            return None
-        else:
-            raise _unavailable(view) from exc
-    known = [d for d in decisions if d is not None]
-    record_shadow(request, known)
-    recorded = [*getattr(request, "ratelimit", ()), *enforced(known)]
-    request.ratelimit = recorded  # type: ignore[attr-defined]
+def _decided(throttle: BaseThrottle, request: Request, view: APIView | None,
+             rules: list[RuleOrError], now_us: int | None = None) -> Outcome:
+    """The request layer's Outcome for ``rules`` (the decorator's one path: one script call,
+    the FAIL_OPEN guard, ``request.ratelimit``, the signal, sent from the throttle's class);
+    its 503 raised as :class:`RateLimiterUnavailable`. The rate-limit headers of every
+    Decision on ``request.ratelimit`` so far (this view's other throttles' too) are put in
+    ``view.headers``; DRF sets Retry-After itself from the largest wait() of them all."""
+    outcome = decide(request, rules, type(throttle), now_us=now_us)
+    if outcome.unavailable:
+        raise _unavailable(view)
     if view is not None and isinstance(getattr(view, "headers", None), dict):
-        # DRF sets Retry-After itself from the largest wait() of every throttle on the view.
+        recorded = getattr(request, "ratelimit", ())
         view.headers.update(rate_limit_headers(recorded, retry_after=False))
-    for decision in known:
-        if not decision.allowed:
-            rate_limited.send(type(throttle), request=request, decision=decision)
-    return decisions
+    return outcome
 
 
 def _wait(seconds: float) -> float | None:
     """DRF's wait(): None when no wait can help (DRF then sends no Retry-After)."""
     return None if math.isinf(seconds) else seconds
-
-
-def _broken(view: APIView | None, error: PolicyError) -> bool:
-    """A throttle that cannot be used: admit (FAIL_OPEN, logged) or raise the 503."""
-    report_broken(error)
-    if settings.FAIL_OPEN:
-        return True
-    raise _unavailable(view)
 
 
 @functools.lru_cache(maxsize=512)
@@ -263,26 +228,29 @@ class SimpleRateThrottle(BaseThrottle):
 
     def allow_request(self, request: Request, view: APIView) -> bool:
         self.decision = None
-        if not settings.ENABLED:  # the kill switch: admit, ask nothing
+        if not settings.ENABLED:  # the kill switch: admit, ask nothing (get_cache_key included)
             return True
-        if self.error is not None:
-            return _broken(view, self.error)
-        if self.rate is None:
-            return True
-        self.key = self.get_cache_key(request, view)
-        if self.key is None:
-            return True
-        policy = self.get_policy()
         now_us = None
-        if self.timer is not time.time:
-            # A test's clock (DRF's own tests set one): it may go back to an earlier time, after
-            # the test cleared the cache, where a denial this process remembers would still hold.
-            now_us = round(self.timer() * 1_000_000)
-            denials.forget(policy.redis_key(self.key))
-        decisions = _decide(self, request, view, [(policy, self.key, 1)], now_us)
-        if decisions is None:
-            return True  # FAIL_OPEN
-        self.decision = decisions[0]  # one check: always decided (see PartlyDecided)
+        rules: list[RuleOrError]
+        if self.error is not None:
+            rules = [self.error]  # the request layer's guard: admit (FAIL_OPEN, logged) or 503
+        else:
+            if self.rate is None:
+                return True
+            key = self.key = self.get_cache_key(request, view)
+            if key is None:
+                return True
+            policy = self.get_policy()
+            if self.timer is not time.time:
+                # A test's clock (DRF's own tests set one): it may go back to an earlier time,
+                # after the test cleared the cache, where a denial this process remembers
+                # would still hold.
+                now_us = round(self.timer() * 1_000_000)
+                denials.forget(policy.redis_key(key))
+            rules = [Rule(policy, lambda _request: key, methods=None, cost=1, block=True)]
+        decided = _decided(self, request, view, rules, now_us).decisions
+        # One check: decided, or nothing when Redis failed and FAIL_OPEN admitted the request.
+        self.decision = decided[0] if decided else None
         return self.decision is None or self.decision.allowed
 
     def wait(self) -> float | None:
@@ -365,37 +333,27 @@ class PolicyThrottle(BaseThrottle):
         self.decisions: list[Decision] = []
         self.blocking: list[Decision] = []
 
-    def get_rules(self, request: Request, view: APIView) -> tuple[list[Rule], list[Check], bool]:
-        """The rules of the view's policies that apply, their checks, and whether the request
-        must be refused (503: see :func:`~django_redislua.request_layer.checks_for`)."""
+    def get_rules(self, request: Request, view: APIView) -> list[RuleOrError]:
+        """The rules of the view's policies (or why one cannot be used): the decorator's rule,
+        so methods, callable rate, key and cost apply alike, and the state is the same."""
         names = getattr(view, self.policy_attr, None) or ()
         if isinstance(names, str):
             names = [names]
-        # The decorator's rule: methods, callable rate, key; the same identity, same state.
-        return checks_for(request, [rule_for_name(name) for name in names])
+        return [rule_for_name(name) for name in names]
 
     def allow_request(self, request: Request, view: APIView) -> bool:
         self.decisions, self.blocking = [], []
         if not settings.ENABLED:
             return True
-        rules, checks, refuse = self.get_rules(request, view)
-        if refuse:
-            raise _unavailable(view)
-        if not checks:
-            return True
-        decisions = _decide(self, request, view, checks, soft=soft_indexes(rules))
-        if decisions is None:
-            return True  # FAIL_OPEN
-        self.decisions = [d for d in decisions if d is not None]
-        held = [d for d in self.decisions if d.lease is not None]
-        refunds = refunds_of(self.decisions)
-        if held or refunds:
-            _finish_when_done(view, held, refunds)
+        outcome = _decided(self, request, view, self.get_rules(request, view))
+        self.decisions = list(outcome.made)
+        if outcome.held or outcome.refunds:
+            _finish_when_done(view, list(outcome.held), outcome.refunds)
         # A policy with "block": False only marks the request (request.limited); it never denies,
         # and neither does one in shadow mode.
-        self.blocking = [d for d, rule in zip(decisions, rules, strict=True)
-                         if d is not None and rule.block and not d.policy.shadow]
-        return all(d.allowed for d in self.blocking)
+        self.blocking = [d for rule, d in zip(outcome.rules, outcome.decisions, strict=True)
+                         if rule.block]
+        return not outcome.blocked
 
     def wait(self) -> float | None:
         waits = [d.retry_after for d in getattr(self, "blocking", ()) if not d.allowed]

@@ -2,6 +2,10 @@
 
 It turns rules (a policy, a key function, a method filter) into engine checks for one request,
 decides them in ONE script call, and answers: the view runs, a 429 (``DENIED_VIEW``), or a 503.
+:func:`deciding` is the one path every layer decides by: the checks, the failure and recovery
+log lines and metrics, the records on the request, the ``rate_limited`` signal. What a layer
+does differently is an argument of it (a DRF throttle's ``timer``; compat's django-ratelimit
+reading of its counter, its ``RATELIMIT_FAIL_OPEN``), never a copy of it.
 It holds the one FAIL_OPEN guard, which knows every way the Redis client can fail
 (:data:`~django_redislua.connection.CLIENT_ERRORS`) and every way a rule can be unusable
 (a :class:`~django_redislua.limiting.PolicyError`: an unknown policy name, a broken policy in
@@ -24,19 +28,25 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
-from django_redislua import metrics, reporting
+from django_redislua import metrics
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.headers import rate_limit_headers
 from django_redislua.keys import KeyFunc, key_function, normalized
 from django_redislua.limiting.decision import Decision, PolicyError, RateLimited
-from django_redislua.limiting.engine import Check, PartlyDecided, evaluation, releasing
+from django_redislua.limiting.engine import (
+    Check,
+    PartlyDecided,
+    evaluation,
+    metric_result,
+    releasing,
+)
 from django_redislua.limiting.policy import Policy, RateCallableError, check_cost
 from django_redislua.limiting.refund import Refund, refunding, refunds_of
 from django_redislua.limiting.registry import get_policy
@@ -47,6 +57,7 @@ from django_redislua.reporting import (
     report_failure_callable,
     report_outage,
     report_rate_callable,
+    report_recovery,
     report_refund_failed,
     report_shadow_denial,
 )
@@ -131,12 +142,11 @@ def rule_for_name(name: str, **overrides: Any) -> RuleOrError:
 
 
 # -- deciding (with the FAIL_OPEN guard) ---------------------------------------------------------
-@dataclass(frozen=True)
-class Outcome:
-    """The result of deciding a request's rules."""
+class Outcome(NamedTuple):
+    """The result of deciding a request's rules (a named tuple: one is built per request)."""
 
-    rules: tuple[Rule, ...]
-    decisions: tuple[Decision, ...]
+    rules: tuple[Rule, ...]  # the rules of ``decisions``, pair by pair
+    decisions: tuple[Decision, ...]  # the enforced Decisions: what the response answers by
     unavailable: bool = False  # Redis failed (or a rule is broken) and FAIL_OPEN is False: 503
     # Every Decision holding a concurrency slot, shadow and block=False ones too: released when
     # the response is done, or at once when the request is refused.
@@ -144,6 +154,8 @@ class Outcome:
     # Every hit a count_failures policy took (shadow and block=False ones too): given back once
     # the response is made, unless it is a failure.
     refunds: tuple[Refund, ...] = ()
+    # Every Decision made, one per check decided (shadow ones too), in the rules' order.
+    made: tuple[Decision, ...] = ()
 
     @property
     def blocked(self) -> bool:
@@ -152,7 +164,7 @@ class Outcome:
 
 
 UNAVAILABLE = Outcome((), (), unavailable=True)
-NOTHING = Outcome((), ())  # no rule applied (or REDISLUA["ENABLED"] is False)
+NOTHING = Outcome((), ())  # REDISLUA["ENABLED"] is False: nothing decided, nothing recorded
 
 
 def checks_for(
@@ -188,11 +200,6 @@ def soft_indexes(rules: Sequence[Rule]) -> frozenset[int]:
     return frozenset(i for i, rule in enumerate(rules) if not rule.block or rule.policy.shadow)
 
 
-def enforced(decisions: Iterable[Decision]) -> list[Decision]:
-    """The Decisions that count for the response: all but those of shadow policies."""
-    return [d for d in decisions if not d.policy.shadow]
-
-
 def record_shadow(request: HttpRequest, decisions: Sequence[Decision]) -> None:
     """Keep shadow Decisions on ``request.ratelimit_shadow`` and log their denials (sampled:
     one line per policy a minute, with how many were held back)."""
@@ -206,32 +213,30 @@ def record_shadow(request: HttpRequest, decisions: Sequence[Decision]) -> None:
             report_shadow_denial(decision)
 
 
-def _record(request: HttpRequest, rules: list[Rule], decisions: Sequence[Decision]) -> Outcome:
+def _outcome(rules: Sequence[Rule], decisions: Sequence[Decision | None]) -> Outcome:
+    """What ``decisions`` (one per rule; None: left undecided, Redis failed) come to. The
+    Outcome blocks on enforced Decisions only; a shadow policy's never does."""
+    made: list[Decision] = []
+    paired: list[Rule] = []
+    shown: list[Decision] = []
+    for rule, decision in zip(rules, decisions, strict=True):
+        if decision is not None:
+            made.append(decision)
+            if not decision.policy.shadow:
+                paired.append(rule)
+                shown.append(decision)
+    return Outcome(tuple(paired), tuple(shown), False,
+                   tuple(d for d in made if d.lease is not None), refunds_of(made), tuple(made))
+
+
+def _record(request: HttpRequest, outcome: Outcome) -> None:
     """Put the enforced Decisions on ``request.ratelimit`` (and ``request.limited``), the
-    shadow ones on ``request.ratelimit_shadow``; the Outcome blocks on enforced ones only."""
-    record_shadow(request, decisions)
-    pairs = [(r, d) for r, d in zip(rules, decisions, strict=True) if not d.policy.shadow]
-    shown = [d for _r, d in pairs]
+    shadow ones on ``request.ratelimit_shadow``, after those earlier layers put there."""
+    record_shadow(request, outcome.made)
     previous = getattr(request, "ratelimit", None)
-    request.ratelimit = [*(previous or []), *shown]  # type: ignore[attr-defined]
-    limited = any(not d.allowed for d in shown)
+    request.ratelimit = [*(previous or []), *outcome.decisions]  # type: ignore[attr-defined]
+    limited = any(not d.allowed for d in outcome.decisions)
     request.limited = getattr(request, "limited", False) or limited  # type: ignore[attr-defined]
-    held = tuple(d for d in decisions if d.lease is not None)
-    return Outcome(tuple(r for r, _d in pairs), tuple(shown), held=held,
-                   refunds=refunds_of(decisions))
-
-
-def _begin(
-    request: HttpRequest, rules: Iterable[RuleOrError]
-) -> tuple[list[Rule], list[Check]] | Outcome:
-    """The checks to send, or the Outcome already known: nothing when ``ENABLED`` is False
-    (no key function runs, Redis is not asked), 503 when :func:`checks_for` says so."""
-    if not settings.ENABLED:
-        return NOTHING
-    applied, checks, refuse = checks_for(request, rules)
-    if refuse:
-        return UNAVAILABLE
-    return applied, checks
 
 
 def count_failure(checks: Iterable[Check], fail_open: bool) -> None:
@@ -245,75 +250,128 @@ def count_failure(checks: Iterable[Check], fail_open: bool) -> None:
             metrics.decision(policy.name, policy.algorithm, result)
 
 
-def fails_open(checks: Iterable[Check]) -> bool:
-    """Whether a request whose ``checks`` could not be decided is admitted: FAIL_OPEN, or
-    only shadow policies among them (they must never refuse a request, not even with 503)."""
-    return settings.FAIL_OPEN or all(policy.shadow for policy, _identity, _cost in checks)
-
-
-def report_failure(checks: Sequence[Check], exc: BaseException) -> bool:
-    """Redis failed for ``checks``: log it (once a minute), count the checks left undecided,
-    and say whether the request is admitted: with FAIL_OPEN, or when only shadow rules were
-    asked; never when a rule was already denied without Redis (:class:`PartlyDecided`, whose
-    known Decisions the engine counted), nor are those undecided checks admitted then."""
+def report_failure(checks: Sequence[Check], exc: BaseException, *,
+                   fail_open: Callable[[], bool] | None = None,
+                   refused_as: str = "answered 503", counted: bool = True) -> bool:
+    """Redis failed for ``checks``: log it (once a minute), count the checks left undecided
+    (unless not ``counted``: a peek), and say whether the request is admitted: when
+    ``fail_open()`` says so (default: ``FAIL_OPEN``), or when only shadow rules were asked
+    (they must never refuse a request, not even with 503); never when a rule was already
+    denied without Redis (:class:`PartlyDecided`, whose known Decisions the engine counted),
+    nor are those undecided checks admitted then."""
     if isinstance(exc, PartlyDecided):
         report_outage(exc)
-        count_failure([c for c, d in zip(checks, exc.known, strict=True) if d is None], False)
+        if counted:
+            count_failure([c for c, d in zip(checks, exc.known, strict=True) if d is None], False)
         return False
-    admit = fails_open(checks)
-    report_outage(exc, fail_open=admit)
-    count_failure(checks, admit)
+    admit = (settings.FAIL_OPEN if fail_open is None else fail_open()) or all(
+        policy.shadow for policy, _identity, _cost in checks)
+    report_outage(exc, fail_open=admit, denied_as=refused_as)
+    if counted:
+        count_failure(checks, admit)
     return admit
 
 
-def _failed(request: HttpRequest, rules: list[Rule], checks: list[Check],
-            exc: BaseException) -> Outcome:
-    """Redis failed: FAIL_OPEN admits (nothing decided, nothing recorded), else 503; a request
-    a rule already refused without Redis is refused with the Decisions known."""
-    admit = report_failure(checks, exc)
-    if isinstance(exc, PartlyDecided):
-        pairs = [(rule, d) for rule, d in zip(rules, exc.known, strict=True) if d is not None]
-        return _record(request, [rule for rule, _d in pairs], [d for _rule, d in pairs])
-    if not admit:
-        return UNAVAILABLE
-    return _record(request, [], [])
+def _read(decisions: Sequence[Decision | None], read: Callable[[Decision], Decision],
+          counted: bool) -> list[Decision | None]:
+    """``read`` of each Decision made, counted in the metrics under the policy asked."""
+    seen = [None if d is None else read(d) for d in decisions]
+    if counted:
+        for asked, decision in zip(decisions, seen, strict=True):
+            if asked is not None and decision is not None:
+                metrics.decision(asked.policy.name, asked.policy.algorithm,
+                                 metric_result(decision))
+    return seen
 
 
-def deciding(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any
-             ) -> Protocol[Outcome]:
-    """Decide ``rules`` for ``request`` in one script call; record and signal the result."""
-    begun = _begin(request, rules)
-    if isinstance(begun, Outcome):
-        return begun
-    applied, checks = begun
-    try:
-        decisions = (yield from evaluation(checks, False, None, soft_indexes(applied),
-                                           metrics.sinks())) if checks else []
-    except CLIENT_ERRORS as exc:
-        return _failed(request, applied, checks, exc)
-    if reporting._failing:
-        reporting.report_recovery()
-    outcome = _record(request, applied, decisions)
+def signalling(request: HttpRequest, decisions: Iterable[Decision], sender: Any
+               ) -> Protocol[None]:
+    """Send ``rate_limited`` from ``sender`` for each denial among ``decisions`` (on the
+    asyncio driver with ``asend``: async receivers are awaited, sync ones run in a thread)."""
     for decision in decisions:
         if not decision.allowed:
             yield Invoke(functools.partial(rate_limited.send, sender, request=request,
                                            decision=decision),
                          asynchronous=functools.partial(rate_limited.asend, sender, request=request,
                                                         decision=decision))
+
+
+def deciding(
+    request: HttpRequest, rules: Iterable[RuleOrError], sender: Any, *,
+    now_us: int | None = None, peek: bool = False,
+    read: Callable[[Decision], Decision] | None = None, record: bool = True,
+    fail_open: Callable[[], bool] | None = None, refused_as: str = "answered 503",
+) -> Protocol[Outcome]:
+    """Decide ``rules`` for ``request``: the one path of the decorator, the middleware, the DRF
+    throttles and compat.
+
+    Nothing at all when ``ENABLED`` is False (no key function runs, Redis is not asked); 503
+    (``Outcome.unavailable``) when a rule cannot be used (:func:`checks_for`). Otherwise the
+    checks of the rules that apply are decided in ONE script call (none when no rule applies).
+    Redis failing is reported (:func:`report_failure`): the request is admitted with nothing
+    decided, or answered 503, or refused by what was decided without Redis; an answer after
+    an outage says, once, that limits apply again. The Decisions are put on the request, then
+    ``rate_limited`` is sent from ``sender`` for each denial (shadow ones too).
+
+    What differs between the callers is said by keyword:
+
+    - ``now_us``: the time the scripts decide at instead of the Redis clock (a DRF throttle's
+      own ``timer``);
+    - ``peek``: look, consume nothing; nothing is signalled or counted in the metrics
+      (compat's ``increment=False``);
+    - ``read``: the caller's own reading of each Decision the engine made (compat's
+      django-ratelimit ``count > limit``): the read Decisions are the Outcome's, the ones
+      signalled and the ones counted in the metrics, under the policy asked, instead of the
+      engine's;
+    - ``record=False``: nothing is put on the request (compat: django-ratelimit's
+      ``is_ratelimited`` sets no attribute);
+    - ``fail_open``: whether a request Redis could not decide is admitted, instead of
+      ``FAIL_OPEN`` (compat: ``RATELIMIT_FAIL_OPEN``); ``refused_as``: what a request that is
+      not admitted gets, for the log line.
+    """
+    if not settings.ENABLED:
+        return NOTHING
+    applied, checks, refuse = checks_for(request, rules)
+    if refuse:
+        return UNAVAILABLE
+    decisions: Sequence[Decision | None] = ()
+    if checks:
+        sinks = () if peek or read is not None else metrics.sinks()
+        try:
+            # One check gates nothing but itself: its rule's softness changes nothing.
+            soft = soft_indexes(applied) if len(checks) > 1 else frozenset()
+            decisions = yield from evaluation(checks, peek, now_us, soft, sinks)
+        except CLIENT_ERRORS as exc:
+            admit = report_failure(checks, exc, fail_open=fail_open, refused_as=refused_as,
+                                   counted=not peek)
+            if isinstance(exc, PartlyDecided):  # refused anyway, by a check decided without Redis
+                decisions = exc.known
+            elif admit:
+                decisions = [None] * len(checks)
+            else:
+                return UNAVAILABLE
+        else:
+            report_recovery()
+        if read is not None:
+            decisions = _read(decisions, read, counted=not peek)
+    outcome = _outcome(applied, decisions)
+    if record:
+        _record(request, outcome)
+    if not peek:
+        yield from signalling(request, outcome.made, sender)
     return outcome
 
 
-def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any) -> Outcome:
+def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any, *,
+           now_us: int | None = None) -> Outcome:
     """:func:`deciding` on the sync driver."""
-    return run(deciding(request, rules, sender))
+    return run(deciding(request, rules, sender, now_us=now_us))
 
 
-def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any
-            ) -> Awaitable[Outcome]:
+def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any, *,
+            now_us: int | None = None) -> Awaitable[Outcome]:
     """:func:`deciding` on the asyncio driver (no thread hop: the asyncio transport)."""
-    return arun(deciding(request, rules, sender))
-
-
+    return arun(deciding(request, rules, sender, now_us=now_us))
 
 
 # -- responses -----------------------------------------------------------------------------------

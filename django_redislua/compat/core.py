@@ -26,16 +26,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
-from django_redislua import metrics, reporting
+from django_redislua import metrics
 from django_redislua.conf import settings
-from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.keys import body_field, client_ip
 from django_redislua.limiting.decision import Decision
-from django_redislua.limiting.engine import evaluation
 from django_redislua.limiting.policy import Policy
 from django_redislua.protocol import Protocol
-from django_redislua.reporting import report_outage
-from django_redislua.signals import rate_limited
+from django_redislua.request_layer import Rule, deciding, signalling
 from django_redislua.transport import arun, run
 
 __all__ = ["is_ratelimited", "get_usage"]  # noqa: RUF022 (django-ratelimit's order)
@@ -238,15 +235,32 @@ def public_name(group: str, counter_name: str) -> str:
 
 
 class _Check:
-    """What django-ratelimit would count this request under."""
+    """What django-ratelimit would count this request under, and how it reads the count."""
 
-    __slots__ = ("counter", "limit", "seconds", "shown", "value")
+    __slots__ = ("count", "counter", "limit", "seconds", "shown", "value")
 
     def __init__(self, group: str, limit: Any, seconds: Any, methods: str, value: str) -> None:
         self.limit = limit
         self.seconds = seconds
         self.value = value
         self.counter, self.shown = _policies(group, limit, seconds, methods)
+        self.count = 0  # the window's count, once read
+
+    def rule(self) -> Rule:
+        """The request layer's rule: count under the counting policy, by the key's value."""
+        value = self.value
+        return Rule(self.counter, lambda _request: value, methods=None, cost=1, block=True)
+
+    def read(self, counted: Decision) -> Decision:
+        """django-ratelimit's reading of the counter: limited when ``count > limit``. The
+        Decision shown (headers, the signal) is in the limit's terms."""
+        count = self.count = COUNTER_LIMIT - counted.remaining
+        limit = self.limit
+        should_limit = count > limit
+        return Decision(
+            not should_limit, limit, max(0, limit - count), counted.reset_after,
+            counted.reset_after if should_limit else 0.0, self.shown, self.value,
+        )
 
 
 def _check(
@@ -279,13 +293,7 @@ def _fail_open() -> bool:
     return bool(_setting("RATELIMIT_FAIL_OPEN", settings.FAIL_OPEN))
 
 
-def _count(check: _Check, result: str) -> None:
-    """Compat decides from its own counter (the engine only counts), so it meters itself,
-    under the counter's name (operators see the group; clients see the public name)."""
-    metrics.decision(check.counter.name, check.shown.algorithm, result)
-
-
-def _deny_all(request: HttpRequest, check: _Check, increment: bool) -> Usage:
+def _deny_all(request: HttpRequest, check: _Check, increment: bool) -> Protocol[Usage]:
     """A rate of 0 (or less): every request is limited; Redis is not asked.
 
     ``time_left`` is django-ratelimit's (the end of its jittered window, on this server's
@@ -296,8 +304,9 @@ def _deny_all(request: HttpRequest, check: _Check, increment: bool) -> Usage:
     # As the engine's own zero rates: nothing to reset, and no wait helps (so no Retry-After).
     decision = Decision(False, check.limit, 0, 0.0, math.inf, check.shown, check.value)
     if increment:
-        _count(check, metrics.DENIED)
-        rate_limited.send(get_usage, request=request, decision=decision)
+        # Counted as the request layer counts what compat reads: under the counting policy.
+        metrics.decision(check.counter.name, check.counter.algorithm, metrics.DENIED)
+        yield from signalling(request, [decision], get_usage)
     return {
         "count": 1 if increment else 0,
         "limit": check.limit,
@@ -307,58 +316,40 @@ def _deny_all(request: HttpRequest, check: _Check, increment: bool) -> Usage:
     }
 
 
-def _usage(request: HttpRequest, check: _Check, counted: Decision, increment: bool) -> Usage:
-    count = COUNTER_LIMIT - counted.remaining
-    limit = check.limit
-    should_limit = count > limit
-    # Seconds until the window ends, in django-ratelimit's terms: whole seconds after the
-    # current one, 0 .. period - 1. No window yet (a look before any request): one would
-    # open now and last the whole period.
-    left = counted.reset_after if count > 0 else float(check.seconds)
-    time_left = max(0, math.ceil(left) - 1)
-    decision = Decision(
-        not should_limit, limit, max(0, limit - count), counted.reset_after,
-        counted.reset_after if should_limit else 0.0, check.shown, check.value,
-    )
-    if increment:
-        _count(check, metrics.DENIED if should_limit else metrics.ALLOWED)
-        if should_limit:
-            rate_limited.send(get_usage, request=request, decision=decision)
-    return {
-        "count": count,
-        "limit": limit,
-        "should_limit": should_limit,
-        "time_left": time_left,
-        "decision": decision,
-    }
-
-
-def _outage(check: _Check, increment: bool, exc: BaseException) -> Usage | None:
-    report_outage(exc, fail_open=_fail_open(), denied_as="limited (django-ratelimit's way)")
-    if increment:
-        _count(check, metrics.FAILED_OPEN if _fail_open() else metrics.UNAVAILABLE)
-    if _fail_open():
-        return None
-    # django-ratelimit's answer when its cache cannot count: limited.
-    return {"count": 0, "limit": 0, "should_limit": True, "time_left": -1}
-
-
 def usage(request: HttpRequest, group: str | None, fn: Any, key: Any, rate: Any,
           method: Method, increment: bool) -> Protocol[Usage | None]:
-    """The protocol of :func:`get_usage` (and of its asyncio twin)."""
+    """The protocol of :func:`get_usage` (and of its asyncio twin).
+
+    Decided by the request layer's one path (one script call, the outage and recovery log
+    lines, the metrics, the signal) on compat's terms: a look consumes nothing
+    (``increment=False``), the counter is read django-ratelimit's way, nothing is put on the
+    request, and Redis failing follows ``RATELIMIT_FAIL_OPEN``: when closed, the request is
+    limited (django-ratelimit's answer when its cache cannot count).
+    """
     check = _check(request, group, fn, key, rate, method)
     if check is None:
         return None
     if check.limit <= 0:
-        return _deny_all(request, check, increment)
-    try:
-        counted = (yield from evaluation([(check.counter, check.value, 1)], not increment, None,
-                                         (), ()))[0]
-    except CLIENT_ERRORS as exc:
-        return _outage(check, increment, exc)
-    if reporting._failing:
-        reporting.report_recovery()
-    return _usage(request, check, counted, increment)
+        return (yield from _deny_all(request, check, increment))
+    outcome = yield from deciding(
+        request, [check.rule()], get_usage, peek=not increment, read=check.read, record=False,
+        fail_open=_fail_open, refused_as="limited (django-ratelimit's way)")
+    if outcome.unavailable:
+        return {"count": 0, "limit": 0, "should_limit": True, "time_left": -1}
+    if not outcome.decisions:
+        return None  # failed open: not limited
+    decision = outcome.decisions[0]
+    # Seconds until the window ends, in django-ratelimit's terms: whole seconds after the
+    # current one, 0 .. period - 1. No window yet (a look before any request): one would
+    # open now and last the whole period.
+    left = decision.reset_after if check.count > 0 else float(check.seconds)
+    return {
+        "count": check.count,
+        "limit": check.limit,
+        "should_limit": not decision.allowed,
+        "time_left": max(0, math.ceil(left) - 1),
+        "decision": decision,
+    }
 
 
 def limited(request: HttpRequest, group: str | None, fn: Any, key: Any, rate: Any,
