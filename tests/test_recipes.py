@@ -4,6 +4,7 @@ docs/recipes.md tried (and tried to break), each operation counted to one script
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from typing import Any
 
@@ -274,6 +275,57 @@ def test_async_twins(r: Any) -> None:
         await stats.aadd("s", 3.0)
         assert (await stats.asummary("s)")).samples == 0
         assert (await stats.asummary("s")).samples == 1
+
+    asyncio.run(main())
+
+
+RECIPES = (CappedCounter, Inventory, VersionedCache, WindowStats, WorkQueue)
+PURE = {"key", "keys"}  # name Redis keys; ask nothing
+
+
+def test_every_recipe_method_has_an_async_twin() -> None:
+    """docs/recipes.md: "every method has an a-prefixed coroutine"; and no coroutine without
+    its sync twin."""
+    for cls in RECIPES:
+        public = {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
+        coroutines = {n for n in public if inspect.iscoroutinefunction(getattr(cls, n))}
+        sync = public - coroutines - PURE
+        assert {f"a{n}" for n in sync} == coroutines, cls.__name__
+
+
+def test_the_other_async_twins_answer_as_their_sync_twins(r: Any) -> None:
+    """The twins test_async_twins does not call, each against its sync twin on one state."""
+    async def main() -> None:
+        stock = Inventory("twins")
+        stock.set("sku", 3)
+        assert await stock.alevel("sku") == stock.level("sku") == 3
+        assert await stock.aadd("sku", 2) == 5
+        assert await stock.aclear("sku") is True and stock.level("sku") is None
+        counter = CappedCounter("twins", cap=5, ttl=60)
+        counter.add("s", 2)
+        assert await counter.avalue("s") == counter.value("s") == 2
+        assert await counter.areset("s") is True and counter.value("s") == 0
+        queue = WorkQueue("twins", visibility_timeout=30)
+        queue.put("x")
+        assert await queue.astats() == queue.stats()
+        task = await queue.aclaim()
+        assert task is not None
+        extended = await queue.aextend(task)  # the new deadline, on the server's clock
+        now = float(r.time()[0])
+        assert extended is not None and now < extended <= now + 31  # 30 s from the extend
+        assert await queue.arelease(task) is True
+        assert (await queue.astats()).pending == 1
+        assert await queue.aclear() is True and queue.stats().pending == 0
+        cache = VersionedCache("twins")
+        cache.set("k", "v", version=3)
+        versioned = await cache.aget_versioned("k")
+        assert versioned == cache.get_versioned("k") and versioned is not None
+        assert versioned.version == 3
+        assert await cache.adelete("k") is True and cache.get("k") is None
+        assert await cache.adelete("k") is False
+        stats = WindowStats("twins")
+        stats.add("s", 1.0)
+        assert await stats.areset("s") is True and stats.summary("s").samples == 0
 
     asyncio.run(main())
 
