@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import redis
 
 from django_redislua.connection import primary_nodes
+from django_redislua.replies import text
 from django_redislua.scripts import LIBRARY_PREFIX, Script, registry
 
 MIN_FUNCTIONS_VERSION = (7, 0)
@@ -72,7 +73,7 @@ def library_names(client: redis.Redis, pattern: str = "*") -> set[str]:
             entry = dict(zip(entry[::2], entry[1::2], strict=True))
         fields = entry
         name = fields.get("library_name", fields.get(b"library_name"))
-        names.add(name.decode() if isinstance(name, bytes) else str(name))
+        names.add(text(name))
     return names
 
 

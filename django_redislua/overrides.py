@@ -51,6 +51,7 @@ from django_redislua.limiting.policy import OVERRIDES, Policy, overrides_key
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.limiting.registry import UnknownPolicy, get_policy
 from django_redislua.recipes.base import Op, arun, run
+from django_redislua.replies import text
 
 __all__ = [
     "ALLOW",
@@ -284,8 +285,7 @@ def _parsed(name: str, value: bytes | str | None, meta: bytes | str | None, now_
     """The live override a field holds, or None (absent, ended, or not one of ours)."""
     if not value:
         return None
-    text = value.decode() if isinstance(value, bytes) else value
-    parts = text.split("|")
+    parts = text(value).split("|")
     if len(parts) < 2 or parts[0] not in _KINDS or not parts[1].isdigit():
         return None
     ends = int(parts[1])
@@ -363,9 +363,9 @@ def scan(policy: str | None = None, count: int = 500) -> Iterator[Override]:
     for _name, client in primary_nodes():
         now_us = _now_us(client)
         for key in client.scan_iter(match=pattern, count=count):
-            text = key.decode() if isinstance(key, bytes) else str(key)
-            tag = text[text.index("{", len(settings.KEY_PREFIX)) + 1:-1]
-            fields = {(k.decode() if isinstance(k, bytes) else str(k)): v
+            name = text(key)
+            tag = name[name.index("{", len(settings.KEY_PREFIX)) + 1:-1]
+            fields = {text(k): v
                       for k, v in client.hgetall(key).items()}
             for name, value in fields.items():
                 if name.startswith("m:") or (policy is not None and name != policy):

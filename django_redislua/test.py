@@ -56,9 +56,10 @@ class RedisLuaFixture:
         Locks and other keys stay."""
         from django_redislua.limiting import denials
         from django_redislua.limiting.inspect import parse_key
+        from django_redislua.replies import text
 
         limits = [key for key in self.client.scan_iter(count=1000)
-                  if parse_key(key.decode() if isinstance(key, bytes) else key) is not None]
+                  if parse_key(text(key)) is not None]
         if limits:
             self.client.delete(*limits)
         denials.forget()

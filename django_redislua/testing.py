@@ -37,6 +37,8 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
+from django_redislua.replies import text
+
 
 class ServerNotFound(RuntimeError):
     pass
@@ -536,11 +538,9 @@ def sentinel_master_state(sentinel: redis.Redis, service_name: str) -> dict[str,
     'return_responses'``)."""
     reply = sentinel.execute_command("SENTINEL", "MASTER", service_name)
     pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2], strict=True)
-    return {_text(key): _text(value) for key, value in pairs}
+    return {text(key): text(value) for key, value in pairs}
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class RedisSentinelServers:
@@ -723,14 +723,11 @@ class RedisSentinelServers:
             # list of names and values otherwise.
             fields = entry if isinstance(entry, dict) else dict(
                 zip(entry[::2], entry[1::2], strict=True))
-            text = {self._str(k): self._str(v) for k, v in fields.items()}
+            text = {text(k): text(v) for k, v in fields.items()}
             if text.get("flags") == "slave" and text.get("master-link-status") == "ok":
                 healthy += 1
         return healthy >= self.replicas
 
-    @staticmethod
-    def _str(value: object) -> str:
-        return value.decode() if isinstance(value, bytes) else str(value)
 
     def sentinel_client(self, **kwargs: object) -> redis.Redis:
         """A client of the sentinel (logged in with its own password)."""
@@ -748,7 +745,7 @@ class RedisSentinelServers:
             )
         finally:
             probe.close()
-        return self._str(host), int(port)
+        return text(host), int(port)
 
     def current_primary(self) -> RedisServer:
         """The server the sentinel names as primary now."""

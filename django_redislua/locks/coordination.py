@@ -45,6 +45,7 @@ from django_redislua.locks.lease import Lease, milliseconds, start_renewing, sto
 from django_redislua.locks.lock import LeaseLost, Lock, LockError, lock_errors, parse_wait
 from django_redislua.locks.waiting import deadline_after, until
 from django_redislua.protocol import Call, Execute, Invoke, Protocol, performed, retried, undone
+from django_redislua.replies import text
 from django_redislua.scripts import get_script
 from django_redislua.transport import arun, run
 
@@ -167,8 +168,7 @@ def _holder(lock: Lock) -> Protocol[str]:
         return "another instance holds it"
     if token is None:
         return "another instance held it (its lease has just ended)"
-    token = token.decode() if isinstance(token, bytes) else token
-    return (f"another instance holds it (fencing token {token}, lease ends in "
+    return (f"another instance holds it (fencing token {text(token)}, lease ends in "
             f"{max(left_ms, 0) / 1000:.1f}s)")
 
 

@@ -74,6 +74,7 @@ from django_redislua.protocol import (
     undone,
     was_unsent,
 )
+from django_redislua.replies import text
 from django_redislua.scripts import get_script
 from django_redislua.transport import arun, run
 
@@ -502,7 +503,7 @@ class Lock:
 
     def _owned(self) -> Protocol[bool]:
         owner, claim = yield Execute(("HMGET", self.keys.base, "owner", "claim"))
-        return owner is not None and claim is None and _text(owner) == self.owner
+        return owner is not None and claim is None and text(owner) == self.owner
 
     def _leaving(self, body_failed: bool) -> Protocol[None]:
         """Leave ``with``: release; LockNotOwned only when the body itself succeeded (its end
@@ -611,5 +612,3 @@ class Lock:
         return run_sync
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

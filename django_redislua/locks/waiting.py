@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django_redislua.protocol import Inbox, Listen, Mailbox, Now, Protocol, Subscribe, Unsubscribe
+from django_redislua.replies import text
 
 # An attempt is a protocol returning None when it succeeded, else the seconds after which the
 # state changes on its own (a lease expiring); math.inf when only a message can change it.
@@ -73,7 +74,7 @@ def _is(message: Any, kind: str, channel: str) -> bool:
     if not isinstance(message, dict) or message.get("type") not in _TYPES[kind]:
         return False
     name = message.get("channel")
-    return (name.decode() if isinstance(name, bytes) else name) == channel
+    return name is not None and text(name) == channel
 
 
 def _verdict(message: Any, channel: str,
@@ -84,7 +85,7 @@ def _verdict(message: Any, channel: str,
     if on_message is None:
         return None
     data = message["data"]
-    return on_message(data.decode() if isinstance(data, bytes) else str(data))
+    return on_message(text(data))
 
 
 def deadline_after(timeout: float | None) -> float | None:

@@ -151,6 +151,3 @@ def milliseconds(duration: float | str) -> int:
     return lease.milliseconds(parse_duration(duration))
 
 
-def text(value: Any) -> str:
-    """A reply as text (an undecodable byte replaced, not raised)."""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -25,12 +25,12 @@ from django_redislua.conf import settings
 from django_redislua.connection import primary_nodes
 from django_redislua.limiting.inspect import MAX_SCAN_CALLS, PAGE_SIZE, scan_primaries
 from django_redislua.locks.keys import glob_escape
-from django_redislua.recipes.base import text
 from django_redislua.recipes.counter import CappedCounter
 from django_redislua.recipes.inventory import Inventory
 from django_redislua.recipes.queue import WorkQueue
 from django_redislua.recipes.vcache import VersionedCache
 from django_redislua.recipes.window import WindowStats
+from django_redislua.replies import text
 
 KINDS = {
     Inventory.kind: "Stock levels",

@@ -25,9 +25,9 @@ from django_redislua.recipes.base import (
     milliseconds,
     recipe_name,
     run,
-    text,
     whole,
 )
+from django_redislua.replies import text
 
 
 class QueueFull(Exception):
