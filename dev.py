@@ -5,6 +5,8 @@
     python3 dev.py test   # make .venv, install, run ruff, mypy and the whole test suite (it
                           # also builds the docs with -W and the wheel + sdist, twine-checked;
                           # the lost-reply tests run with every core kept busy)
+    python3 dev.py test --fast  # the quick loop: ruff, the unit tier (no Redis), then the
+                          # engine, scripts, locks, recipes and Django layers on one server
     python3 dev.py bench  # make .venv, install the peers too, run both benchmarks
     python3 dev.py matrix # on each other supported Django / Python / redis-py combination, the
                           # part of the suite its difference reaches, installed with the
@@ -23,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import venv
 from pathlib import Path
 
@@ -69,10 +72,25 @@ def demo(argv: list[str]) -> int:
     return run(PYTHON, "example_project/manage.py", "demo", *argv)
 
 
+# The quick loop's Redis tier (dev.py test --fast): the engine, the scripts, the locks, the
+# recipes and each Django-facing layer on one real server, their multi-process, cluster and
+# browser tests left to the whole suite.
+FAST_REDIS = (
+    "tests/test_scripts.py", "tests/test_engine.py", "tests/test_decorators.py",
+    "tests/test_middleware.py", "tests/test_drf.py", "tests/test_request_layer_paths.py",
+    "tests/test_locks.py", "tests/test_recipes.py",
+    "tests/test_overrides.py",
+)
+# A port nothing listens on: the unit tier must not reach a Redis (tests/conftest.py).
+NOWHERE = "redis://127.0.0.1:1/0"
+
+
 def test(argv: list[str]) -> int:
     # .[dev] brings .[test], which brings .[docs] (Sphinx, MyST, Furo, matplotlib) and build,
     # twine and setuptools>=77 for tests/test_docs_build.py and tests/test_packaging.py.
     ensure_env("dev")
+    if argv[:1] == ["--fast"]:
+        return quick(argv[1:])
     for step in (
         (PYTHON, "-m", "ruff", "check", "."),
         (PYTHON, "-m", "mypy"),
@@ -86,6 +104,23 @@ def test(argv: list[str]) -> int:
     env = dict(os.environ)
     env.setdefault("REDISLUA_TEST_CPU_LOAD", str(cores or 2))
     return run(PYTHON, "-m", "pytest", *argv, env=env)
+
+
+def quick(argv: list[str]) -> int:
+    """ruff, the unit tier with no Redis reachable, then the fast Redis tier (README)."""
+    started = time.monotonic()
+    if run(PYTHON, "-m", "ruff", "check", ".") != 0:
+        return 1
+    unit_env = {**os.environ, "REDIS_URL": NOWHERE}
+    if run(PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "unit", *argv,
+           env=unit_env) != 0:
+        return 1
+    status = run(PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FAST_REDIS,
+                 "-m", "not unit and not slow and not browser and not cluster",
+                 "-k", "not cluster", *argv)
+    print(f"dev.py test --fast: {'green' if status == 0 else 'red'} in "
+          f"{time.monotonic() - started:.0f} s", flush=True)
+    return status
 
 
 def bench(argv: list[str]) -> int:
@@ -102,7 +137,8 @@ def bench(argv: list[str]) -> int:
 #   checks, the first-hour path, the project's own test runner and the pytest plugin).
 DJANGO_FACING = (
     "tests/test_decorators.py", "tests/test_middleware.py", "tests/test_drf.py",
-    "tests/test_drf_reference.py", "tests/test_checks.py", "tests/test_first_hour.py",
+    "tests/test_drf_reference.py", "tests/test_checks.py", "tests/test_checks_deploy.py",
+    "tests/test_first_hour.py",
     "tests/test_quickstart_project.py", "tests/test_django_runner.py",
     "tests/test_pytest_plugin.py", "tests/test_smoke.py",
 )

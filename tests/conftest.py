@@ -50,8 +50,8 @@ def _flush(client: redis.Redis) -> None:
 
 
 # The unit tier (marker ``unit``: every test under tests/unit/, and pure tests elsewhere) needs
-# no Redis: its CONNECTION is a closed port, so a unit test that reaches for Redis by accident
-# fails at once instead of quietly using one.
+# no Redis: its CONNECTION is a closed port and it may start no server, so a unit test that
+# reaches for Redis by accident fails at once instead of quietly using one.
 NOWHERE = "redis://127.0.0.1:1/0"
 UNIT_DIR = Path(__file__).resolve().parent / "unit"
 
@@ -69,7 +69,13 @@ def _flush_redis(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.node.get_closest_marker("unit") is not None:
         from tests.settings import REDISLUA
 
-        with override_settings(REDISLUA={**REDISLUA, "CONNECTION": NOWHERE}):
+        def no_server(*_args: Any, **_kwargs: Any) -> None:
+            raise AssertionError("a unit test starts no Redis server (it is not a unit test)")
+
+        with override_settings(REDISLUA={**REDISLUA, "CONNECTION": NOWHERE}), \
+                pytest.MonkeyPatch.context() as patch:
+            patch.setattr(RedisServer, "start", no_server)
+            patch.setattr(RedisClusterServers, "start", no_server)
             yield
         return
     client = get_client()

@@ -173,3 +173,25 @@ def test_a_bad_rate_used_only_by_a_routed_view_is_reported() -> None:
         found = [(m.id, m.msg) for m in check_views()]
     assert [i for i, _ in found] == ["redislua.E020"]
     assert "AnonRateThrottle on m/drf/: scope 'anon'" in found[0][1]
+
+
+# -- a setting the app cannot read: reported by its check, and the app runs on its default --
+
+@pytest.mark.parametrize("bad", [{"SOCKET_TIMEOUT": "soon"}, {"CONNECTION_OPTIONS": 3},
+                                 {"TRUSTED_PROXIES": "x"}, {"IPV4_MASK": None}])
+def test_a_setting_the_app_cannot_read_still_limits_on_its_default(bad):
+    from django.conf import settings
+
+    client = Client(raise_request_exception=True)
+    with override_settings(REDISLUA={**settings.REDISLUA, **bad}):
+        assert [client.get("/rl/inline/").status_code for _ in range(4)] == [200, 200, 200, 429]
+
+
+def test_a_bad_claim_window_leaves_locks_working_on_the_default(settings):
+    from django_redislua.conf import settings as redislua_settings
+    from django_redislua.locks import Lock
+
+    settings.REDISLUA = {**settings.REDISLUA, "LOCK_CLAIM_WINDOW": "soon"}
+    assert redislua_settings.LOCK_CLAIM_WINDOW == 1.0
+    with Lock("bad-window", timeout=5) as lock:
+        assert lock.owned()

@@ -10,8 +10,6 @@ import pytest
 from django_redislua.headers import rate_limit_headers, retry_after_seconds
 from django_redislua.limiting import Decision, Policy, evaluate
 
-pytestmark = pytest.mark.topologies
-
 WINDOW = Policy("login", rate="5/m", algorithm="sliding_log")
 BUCKET = Policy("api", rate="100/m", algorithm="gcra", burst=20)
 SLOTS = Policy("export", algorithm="concurrency", limit=2, timeout="10m")
@@ -24,6 +22,7 @@ def decision(policy: Policy, allowed: bool, remaining: int, reset: float, retry:
     return Decision(allowed, policy.limit, remaining, reset, retry, policy, "k")
 
 
+@pytest.mark.unit
 def test_ietf_lists_every_policy() -> None:
     headers = rate_limit_headers(
         [decision(WINDOW, True, 3, 41.2, 0.0), decision(BUCKET, True, 19, 2.9, 0.0),
@@ -38,6 +37,7 @@ def test_ietf_lists_every_policy() -> None:
         assert all(SF_ITEM.fullmatch(item) for item in field.split(", "))
 
 
+@pytest.mark.unit
 def test_retry_after_is_whole_seconds_rounded_up() -> None:
     assert retry_after_seconds([decision(WINDOW, False, 0, 10, 0.2)]) == 1
     assert retry_after_seconds([decision(WINDOW, False, 0, 10, 4.0)]) == 4
@@ -48,12 +48,14 @@ def test_retry_after_is_whole_seconds_rounded_up() -> None:
     assert retry_after_seconds(both) == 4
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("mode", ["ietf", "legacy", "both", None])
 def test_denied_always_has_retry_after(mode: str | None) -> None:
     headers = rate_limit_headers([decision(WINDOW, False, 0, 30, 12.5)], mode=mode)
     assert headers["Retry-After"] == "13"
 
 
+@pytest.mark.unit
 def test_legacy_describes_the_tightest_policy() -> None:
     headers = rate_limit_headers(
         [decision(WINDOW, True, 3, 41.2, 0.0), decision(BUCKET, True, 1, 5.5, 0.0)], mode="legacy"
@@ -63,6 +65,7 @@ def test_legacy_describes_the_tightest_policy() -> None:
     }
 
 
+@pytest.mark.unit
 def test_denied_legacy_prefers_the_denying_policy() -> None:
     headers = rate_limit_headers(
         [decision(WINDOW, False, 0, 41.2, 30.0), decision(BUCKET, True, 0, 5.5, 0.0)], mode="legacy"
@@ -70,17 +73,20 @@ def test_denied_legacy_prefers_the_denying_policy() -> None:
     assert headers["X-RateLimit-Limit"] == "5"
 
 
+@pytest.mark.unit
 def test_names_are_escaped_sf_strings() -> None:
     odd = Policy('we"ird\\näme', rate="1/s", algorithm="fixed_window")
     field = rate_limit_headers([decision(odd, True, 0, 1, 0)], mode="ietf")["RateLimit-Policy"]
     assert field == '"we\\"ird\\\\nme";q=1;w=1'
 
 
+@pytest.mark.unit
 def test_no_decisions_no_headers() -> None:
     assert rate_limit_headers([], mode="both") == {}
 
 
 # -- draft -11: the quota unit, and what w and t mean ----------------------------------------------
+@pytest.mark.unit
 def test_a_concurrency_quota_counts_concurrent_requests_and_has_no_window() -> None:
     """Draft -11 3.1.2: ``qu="concurrent-requests"``; no ``w`` and no ``t`` (a count of requests
     in flight has no time window: a release frees a slot at any moment, long before its lease's
@@ -92,12 +98,14 @@ def test_a_concurrency_quota_counts_concurrent_requests_and_has_no_window() -> N
         assert headers["RateLimit"] == f'"export";r={remaining}'
 
 
+@pytest.mark.unit
 def test_requests_are_the_default_unit_and_never_written() -> None:
     field = rate_limit_headers([decision(WINDOW, True, 3, 41.2, 0.0),
                                 decision(BUCKET, True, 19, 2.9, 0.0)], mode="ietf")
     assert "qu=" not in field["RateLimit-Policy"]
 
 
+@pytest.mark.unit
 def test_a_denied_policy_effective_window_ends_with_its_retry_after() -> None:
     """Draft -11 section 6: Retry-After "SHOULD NOT reference a point in time earlier than the end
     of the effective window". A denied policy's state is full again only later (here 58.2 s), but
@@ -113,6 +121,7 @@ def test_a_denied_policy_effective_window_ends_with_its_retry_after() -> None:
     assert both["Retry-After"] == "11"
 
 
+@pytest.mark.unit
 def test_a_denial_no_wait_lifts_keeps_the_reset_and_sends_no_retry_after() -> None:
     zero = Policy("closed", rate="0/m", algorithm="fixed_window")
     headers = rate_limit_headers([decision(zero, False, 0, 0.0, math.inf)], mode="ietf")
@@ -155,6 +164,7 @@ T0 = 28_333_334 * 60 * 1_000_000
         (0, False, 0, 10),                                        # denied: until one more fits
     ], id="gcra"),
 ])
+@pytest.mark.topologies
 def test_w_and_t_for_every_algorithm(
     policy: Policy, window: int, steps: list[tuple[int, bool, int, int]]
 ) -> None:
@@ -170,6 +180,7 @@ def test_w_and_t_for_every_algorithm(
     assert headers["Retry-After"] == str(t)
 
 
+@pytest.mark.topologies
 def test_t_of_a_concurrency_policy_against_redis() -> None:
     policy = Policy("cc", algorithm="concurrency", limit=1, timeout="10m")
     held = policy.hit("client")

@@ -31,22 +31,26 @@ def with_config(**options: object) -> override_settings:
     ("", None), ("garbage", None), ("999.1.1.1", None), ("1.2.3.4, 5.6.7.8", None),
     ("1" * 500, None), ("\x00\n", None),
 ])
+@pytest.mark.unit
 def test_client_ip_remote_addr(remote: str, expected: str | None) -> None:
     assert client_ip(rf.get("/", REMOTE_ADDR=remote)) == expected
 
 
+@pytest.mark.unit
 def test_client_ip_missing_remote_addr() -> None:
     request = rf.get("/")
     del request.META["REMOTE_ADDR"]
     assert client_ip(request) is None
 
 
+@pytest.mark.unit
 @with_config(IPV4_MASK=24, IPV6_MASK=48)
 def test_masks() -> None:
     assert client_ip(rf.get("/", REMOTE_ADDR="203.0.113.9")) == "203.0.113.0/24"
     assert client_ip(rf.get("/", REMOTE_ADDR="2001:db8:1:2::1")) == "2001:db8:1::/48"
 
 
+@pytest.mark.unit
 @with_config(TRUSTED_PROXIES=2)
 def test_trusted_proxies_take_the_nth_from_the_right() -> None:
     # client-forged, real client (appended by proxy 1), proxy 1 (appended by proxy 2)
@@ -55,6 +59,7 @@ def test_trusted_proxies_take_the_nth_from_the_right() -> None:
     assert client_ip(request) == "198.51.100.7"
 
 
+@pytest.mark.unit
 @with_config(TRUSTED_PROXIES=1)
 def test_trusted_proxies_fall_back_to_the_peer() -> None:
     assert client_ip(rf.get("/", REMOTE_ADDR="198.51.100.7")) == "198.51.100.7"
@@ -73,6 +78,7 @@ HOSTILE_PREFIX = st.text(
 ADDRESSES = st.ip_addresses().map(str)
 
 
+@pytest.mark.unit
 @given(prefix=HOSTILE_PREFIX, proxies=st.integers(1, 3), appended=st.data())
 @hsettings(max_examples=300, deadline=None)
 def test_forwarded_for_fuzz_the_identity_is_the_trusted_entry(
@@ -93,6 +99,7 @@ def test_forwarded_for_fuzz_the_identity_is_the_trusted_entry(
         assert len(expected) <= 64
 
 
+@pytest.mark.unit
 @with_config(TRUSTED_PROXIES=1)
 def test_forwarded_for_of_4kb_no_longer_chooses_the_identity() -> None:
     """The bug: the header was cut to its first 4 KB, dropping the proxy's entry at the end."""
@@ -101,6 +108,7 @@ def test_forwarded_for_of_4kb_no_longer_chooses_the_identity() -> None:
                                      HTTP_X_FORWARDED_FOR=header)) == "7.7.7.7"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("remote", ["", "garbage", None])
 def test_an_undeterminable_address_is_limited_under_one_shared_identity(
     remote: str | None, caplog: pytest.LogCaptureFixture
@@ -122,11 +130,13 @@ def test_unix_socket_deployments_without_remote_addr_are_still_limited(client: C
     assert statuses == [200] * 5 + [429] * 2  # the login policy: 5/m, by address
 
 
+@pytest.mark.unit
 def test_without_trusted_proxies_the_header_is_ignored() -> None:
     request = rf.get("/", REMOTE_ADDR="198.51.100.7", HTTP_X_FORWARDED_FOR="6.6.6.6")
     assert client_ip(request) == "198.51.100.7"
 
 
+@pytest.mark.unit
 @pytest.mark.django_db
 def test_user_keys(django_user_model) -> None:  # type: ignore[no-untyped-def]
     user = django_user_model.objects.create_user("k", password="pw")
@@ -139,6 +149,7 @@ def test_user_keys(django_user_model) -> None:  # type: ignore[no-untyped-def]
     assert key_function("user_or_ip")(request) == f"u{user.pk}"
 
 
+@pytest.mark.unit
 def test_param_and_header_keys() -> None:
     request = rf.post("/?q=find", {"email": "a@x"}, HTTP_X_API_KEY="k1", REMOTE_ADDR="1.2.3.4")
     assert key_function("header:X-Api-Key")(request) == "k1"
@@ -151,12 +162,14 @@ def test_param_and_header_keys() -> None:
     assert key_function("header:content-type")(request).startswith("multipart/form-data")
 
 
+@pytest.mark.unit
 def test_callable_and_dotted_keys() -> None:
     request = rf.get("/", HTTP_X_TENANT="t1")
     assert key_function(lambda r: "fixed")(request) == "fixed"
     assert key_function("tests.testapp.ratelimit_views.tenant_key")(request) == "t1"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("spec", ["nope", "cookie:x", "header:", 42, "no.such.module.key"])
 def test_unknown_keys_are_policy_errors(spec: object) -> None:
     with pytest.raises(PolicyError) as info:
@@ -164,6 +177,7 @@ def test_unknown_keys_are_policy_errors(spec: object) -> None:
     assert info.value.check_id == "redislua.E008"
 
 
+@pytest.mark.unit
 @given(st.text(max_size=300) | st.binary(max_size=300).map(lambda b: b.decode("latin-1")))
 @hsettings(max_examples=200, deadline=None)
 def test_hostile_values_make_safe_keys(value: str) -> None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
 PACKAGE = Path(__file__).resolve().parent.parent / "django_redislua"
 # Statements and expressions that make a function's path through it depend on something.
 CONTROL_FLOW = (ast.If, ast.IfExp, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With,
