@@ -26,6 +26,7 @@ from django_redislua.conf import settings
 from django_redislua.limiting.decision import PolicyError
 from django_redislua.limiting.identity import ABSENT, ABSENT_TEXT
 from django_redislua.limiting.policy import resolve_callable
+from django_redislua.replies import text as as_text
 from django_redislua.reporting import report_unknown_address
 
 KeyFunc = Callable[[HttpRequest], "str | None"]
@@ -270,7 +271,7 @@ DRF_SCOPE_KEY = "drf-scope:"
 def _scope_identity(scope: str, value: object) -> str:
     head = f"throttle_{scope}_"
     user = user_identity(value)
-    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    text = as_text(value)
     if user is not None:
         return head + user[1:]
     if text.startswith(head):
@@ -310,7 +311,7 @@ def identity_for(spec: Any, value: object, normalize: bool = False) -> str | byt
     if spec in ("user", "user_or_ip"):
         if user is not None:
             return user
-        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        text = as_text(value)
         if spec == "user_or_ip":
             address = _address_identity(text)
             if address is not None:
@@ -321,7 +322,7 @@ def identity_for(spec: Any, value: object, normalize: bool = False) -> str | byt
         hint = f" (write 'u{text}' for user {text})" if text.isdigit() else ""
         raise ValueError(f"the key {spec!r} never yields {text[:40]!r}{hint}: it yields {forms}")
     if spec == "ip":
-        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        text = as_text(value)
         address = _address_identity(text)
         if address is None:
             raise ValueError(f"the key 'ip' never yields {text[:40]!r}: it yields {_FORMS['ip']}")
