@@ -33,7 +33,7 @@ from django_redislua.locks import (
     single_flight,
     singleton,
 )
-from django_redislua.locks.coordination import Flight
+from django_redislua.locks.flight import Flight
 from django_redislua.recipes import VersionedCache
 from tests.test_lost_replies import PATIENT
 

@@ -2,16 +2,13 @@
 ``run_once`` and ``single_flight`` (``forget_flight``). Every state change is one Lua script;
 waiters are woken by pub/sub on release, never by a polling loop."""
 
-from django_redislua.locks.coordination import (
+from django_redislua.locks.coordination import singleton
+from django_redislua.locks.flight import (
     BuildFailed,
-    RunInProgress,
-    RunOutcome,
     aforget_flight,
     asingle_flight,
     forget_flight,
-    run_once,
     single_flight,
-    singleton,
 )
 from django_redislua.locks.lock import (
     LeaseLost,
@@ -21,6 +18,7 @@ from django_redislua.locks.lock import (
     LockNotOwned,
     LockUnavailable,
 )
+from django_redislua.locks.once import RunInProgress, RunOutcome, run_once
 from django_redislua.locks.semaphore import Semaphore
 
 __all__ = [

@@ -17,7 +17,8 @@ import pickle
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar, cast
 
-from django_redislua.locks.coordination import Flight, flight_keys, flying, own_errors
+from django_redislua.locks.coordination import own_errors
+from django_redislua.locks.flight import Flight, flight_keys, flying
 from django_redislua.locks.keys import Keys
 from django_redislua.protocol import Invoke, Protocol
 from django_redislua.recipes.base import (
