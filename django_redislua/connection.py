@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib.util
 import inspect
 import threading
 import time
@@ -34,6 +35,7 @@ import redis.retry
 import redis.sentinel
 from asgiref.sync import AsyncToSync
 from django.conf import settings as django_settings
+from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 
@@ -109,13 +111,32 @@ def torn_down(failure: BaseException) -> TornDown:
 
 # Where redis-py touches the socket or the reader a disconnect drops, outside its parsers.
 _SOCKET_FUNCTIONS = frozenset({"send_packed_command", "_send_packed_command", "can_read"})
+# Where its parsers read (the functions of redis/_parsers/ a torn-down reader fails in): the
+# fallback when the parsers are not where redis-py 5.0.1 to 8.1 keep them.
+_PARSER_FUNCTIONS = frozenset({"read_response", "_read_response", "read", "readline",
+                               "read_from_socket", "_read_from_socket", "can_read_destructive"})
+
+
+def has_redis_parsers() -> bool:
+    """Feature test (docs/versions.md, "Other packages' internals"): redis-py's reply parsers
+    live in the package ``redis._parsers``, so a failure raised in a file under
+    ``/redis/_parsers/`` is one of a reader."""
+    try:
+        spec = importlib.util.find_spec("redis._parsers")
+    except ModuleNotFoundError:  # pragma: no cover - redis itself missing
+        return False
+    return spec is not None and spec.submodule_search_locations is not None
+
+
+REDIS_PARSERS = has_redis_parsers()
 
 
 def closed_under_us(failure: BaseException) -> bool:
     """Whether ``failure`` (one of TORN_DOWN) was raised where redis-py reads or writes the
     socket (its parsers, ``send_packed_command``, ``can_read``): a connection another thread
     closed. Not a mistake such as a misspelt connection option (a TypeError from building the
-    connection), which must reach the user as it is."""
+    connection), which must reach the user as it is. Where the parsers are is redis-py's
+    internal (:data:`REDIS_PARSERS`); without it their functions are known by name."""
     frame = failure.__traceback__
     if frame is None:
         return False
@@ -123,7 +144,11 @@ def closed_under_us(failure: BaseException) -> bool:
         frame = frame.tb_next
     code = frame.tb_frame.f_code
     path = code.co_filename.replace("\\", "/")
-    return "/redis/_parsers/" in path or ("/redis/" in path and code.co_name in _SOCKET_FUNCTIONS)
+    if "/redis/" not in path:
+        return False
+    if REDIS_PARSERS:
+        return "/redis/_parsers/" in path or code.co_name in _SOCKET_FUNCTIONS
+    return code.co_name in _SOCKET_FUNCTIONS or code.co_name in _PARSER_FUNCTIONS
 
 
 # Seconds a failed client build is remembered: an outage costs one connection attempt per
@@ -362,8 +387,19 @@ def _django_redis_sentinel(
 _cache_clients: weakref.WeakSet[redis.Redis] = weakref.WeakSet()  # a cache's, never closed here
 
 
+def has_django_cache_client() -> bool:
+    """Feature test (docs/versions.md, "Other packages' internals"): Django's ``RedisCache``
+    keeps its client object in ``_cache`` (a cached property) and hands out its redis-py
+    client by ``get_client(write=True)``. Django has no public way to reach it."""
+    return "_cache" in vars(RedisCache) and callable(getattr(RedisCacheClient, "get_client", None))
+
+
+DJANGO_CACHE_CLIENT = has_django_cache_client()
+
+
 def _cache_sync_client(endpoint: Endpoint) -> redis.Redis | None:
-    """The cache's own client when its pool has a socket timeout; None to build a sibling."""
+    """The cache's own client when its pool has a socket timeout; None to build a sibling
+    (also when Django's RedisCache no longer keeps its client where we read it)."""
     from django.core.cache import caches
 
     assert endpoint.cache_alias is not None
@@ -371,8 +407,10 @@ def _cache_sync_client(endpoint: Endpoint) -> redis.Redis | None:
         from django_redis import get_redis_connection
 
         client: redis.Redis = get_redis_connection(endpoint.cache_alias, write=True)
-    else:
+    elif DJANGO_CACHE_CLIENT:
         client = caches[endpoint.cache_alias]._cache.get_client(write=True)  # type: ignore[attr-defined]
+    else:
+        return None
     if not isinstance(client, redis.Redis):
         return None
     if client.connection_pool.connection_kwargs.get("socket_timeout") is None:
@@ -413,6 +451,13 @@ def _build_sync(endpoint: Endpoint) -> SyncClient:
     return redis.Redis.from_url(endpoint.url, **endpoint.options)
 
 
+# The Sentinel manager each asyncio Sentinel client was built from: closing the primary's client
+# leaves the manager's clients of the sentinels open (see _aclose).
+_sentinel_managers: weakref.WeakKeyDictionary[AsyncClient, redis.asyncio.sentinel.Sentinel] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _build_async(endpoint: Endpoint) -> AsyncClient:
     if endpoint.kind == "cluster":
         return redis.asyncio.cluster.RedisCluster.from_url(endpoint.url, **endpoint.options)
@@ -424,6 +469,7 @@ def _build_async(endpoint: Endpoint) -> AsyncClient:
             **endpoint.options,
         )
         async_primary: redis.asyncio.Redis = sentinel.master_for(endpoint.service_name)
+        _sentinel_managers[async_primary] = sentinel
         return async_primary
     return redis.asyncio.Redis.from_url(endpoint.url, **endpoint.options)
 
@@ -448,8 +494,8 @@ _closing: set[asyncio.Future[Any]] = set()
 def _aclose(client: AsyncClient) -> Awaitable[list[None]]:
     """Close an asyncio client, and for Sentinel the connections to the sentinels too (closing
     the primary's client leaves the Sentinel manager's own clients open)."""
-    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
-    sentinels = getattr(manager, "sentinels", ())
+    manager = _sentinel_managers.get(client)
+    sentinels = manager.sentinels if manager is not None else ()
     return asyncio.gather(client.aclose(), *(sentinel.aclose() for sentinel in sentinels))
 
 
@@ -542,6 +588,16 @@ async def _close_with_loop(
         await _aclose(client)
 
 
+def has_loop_thread_executors() -> bool:
+    """Feature test (docs/versions.md, "Other packages' internals"): asgiref's
+    ``AsyncToSync.loop_thread_executors`` maps each loop it made for one call to that call's
+    executor. asgiref has no public way to tell such a loop."""
+    return isinstance(getattr(AsyncToSync, "loop_thread_executors", None), dict)
+
+
+ASGIREF_LOOP_EXECUTORS = has_loop_thread_executors()
+
+
 def on_throwaway_loop() -> bool:
     """True inside an event loop that asgiref made for one ``async_to_sync`` call.
 
@@ -549,12 +605,17 @@ def on_throwaway_loop() -> bool:
     serving nothing else. An asyncio client there would connect (and authenticate, and shake
     hands for TLS) once per request; the process-wide sync client, called inline, reuses its
     pool and blocks only that private loop, exactly as a sync view would.
+
+    Without asgiref's ``loop_thread_executors`` (:data:`ASGIREF_LOOP_EXECUTORS`) every loop
+    is taken for a lasting one: correct, at the cost of a connection per such request.
     """
+    if not ASGIREF_LOOP_EXECUTORS:
+        return False
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return False
-    return loop in getattr(AsyncToSync, "loop_thread_executors", ())
+    return loop in AsyncToSync.loop_thread_executors
 
 
 def get_async_client() -> AsyncClient:

@@ -21,7 +21,8 @@ would. Every guarantee of the reference path is kept:
 
 Only on redis-py versions the suite proves this on (:data:`SUPPORTED`: 8.1 and newer; the
 sync readiness check needs ``Connection.is_connected``, new in 8.0, and 8.0's pools handled
-server restarts differently): elsewhere, and with ``LEAN_CALLS = False`` (for instance to keep
+server restarts differently), whose connections have what :func:`has_connection_api` checks:
+elsewhere, and with ``LEAN_CALLS = False`` (for instance to keep
 redis-py's own OpenTelemetry metrics), the reference transport is used, silently. Plain pools
 only (``ConnectionPool``, ``BlockingConnectionPool``, sync or asyncio, without client-side
 caching): Sentinel's and cluster nodes' pools of other classes take the reference path.
@@ -38,7 +39,9 @@ from typing import Any
 
 import redis
 import redis.asyncio
-from redis.utils import HIREDIS_AVAILABLE
+import redis.asyncio.connection
+import redis.connection
+import redis.utils
 
 from django_redislua.conf import settings
 from django_redislua.connection import TORN_DOWN, checkout
@@ -59,7 +62,22 @@ def _version(text: str) -> tuple[int, ...]:
 
 # The redis-py versions the lean connections are proven on (tox envs redis8 and newest).
 LEAN_SINCE = (8, 1)
-SUPPORTED = _version(redis.__version__) >= LEAN_SINCE
+
+
+def has_connection_api() -> bool:
+    """Feature test (docs/versions.md, "Other packages' internals"): what the kept connections
+    call on redis-py's connections, sync and asyncio, beyond the pool's public API."""
+    needed = ("is_connected", "can_read", "connect", "disconnect", "send_packed_command",
+              "pack_commands")
+    return all(hasattr(cls, name) for cls in (redis.connection.Connection,
+                                              redis.asyncio.connection.Connection)
+               for name in needed)
+
+
+SUPPORTED = _version(redis.__version__) >= LEAN_SINCE and has_connection_api()
+# Whether redis-py's sync connections pack with hiredis (then hiredis packs here too, saving
+# redis-py's pass): its module constant. Missing: redis-py packs, as without hiredis.
+HIREDIS_AVAILABLE: bool = getattr(redis.utils, "HIREDIS_AVAILABLE", False) is True
 PLAIN_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool,
                redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool)
 

@@ -87,12 +87,13 @@ class _Prometheus:
         self._acquired = _registered(Counter, LOCK_ACQUIRED, ["result"])
         self._wait = _registered(Histogram, LOCK_WAIT, [], buckets=WAIT_BUCKETS)
         self._lost = _registered(Counter, LOCK_LOST, [])
-        # Labelled children by label values: labels() parses its arguments on every call.
-        self._children: dict[tuple[str, ...], Any] = {}
+        # Labelled children by instrument and label values: labels() parses its arguments on
+        # every call.
+        self._children: dict[tuple[Any, ...], Any] = {}
         self._decided: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     def _child(self, metric: Any, *values: str) -> Any:
-        key = (metric._name, *values)
+        key = (metric, *values)
         child = self._children.get(key)
         if child is None:
             child = self._children.setdefault(key, metric.labels(*values))
@@ -137,10 +138,24 @@ def _registered(kind: Any, names: tuple[str, str, str], labels: Sequence[str],
     name, _, description = names
     try:
         return kind(name, description, labels, **options)
-    except ValueError:  # "Duplicated timeseries in CollectorRegistry"
-        base = name.removesuffix("_total")
-        collectors = REGISTRY._names_to_collectors  # no public lookup by name
-        return collectors.get(base) or collectors[name]
+    except ValueError as exc:  # "Duplicated timeseries in CollectorRegistry"
+        collectors = registered_by_name(REGISTRY)
+        if collectors is None:
+            from importlib.metadata import version
+
+            raise ValueError(
+                f"{name} is registered already, and prometheus_client "
+                f"{version('prometheus_client')}'s registry has no _names_to_collectors to find "
+                "it by (docs/versions.md, \"Other packages' internals we rely on\")") from exc
+        return collectors.get(name.removesuffix("_total")) or collectors[name]
+
+
+def registered_by_name(registry: Any) -> dict[str, Any] | None:
+    """Feature test (docs/versions.md, "Other packages' internals"), at first use: a
+    ``CollectorRegistry``'s collectors by metric name, ``_names_to_collectors``. prometheus_client
+    has no public lookup by name; None when this one has no such mapping."""
+    collectors = getattr(registry, "_names_to_collectors", None)
+    return collectors if isinstance(collectors, dict) else None
 
 
 class _OpenTelemetry:

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, cast
 
 from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.utils.log import log_response
 from django.utils.module_loading import import_string
 
 from django_redislua import metrics
@@ -416,13 +417,32 @@ def denied_response(request: HttpRequest, exception: RateLimited) -> HttpRespons
     return run(denying(request, exception))
 
 
+# Feature tests of Django internals (docs/versions.md, "Other packages' internals").
+def has_log_mark() -> bool:
+    """Django's ``log_response`` skips a response whose ``_has_been_logged`` is true; Django
+    has no public way to keep one response out of the ``django.request`` log."""
+    return "_has_been_logged" in log_response.__code__.co_consts
+
+
+def has_resource_closers() -> bool:
+    """``HttpResponseBase.close()`` calls each of ``_resource_closers`` (Django's own handler
+    appends the request's ``close`` there); no public method adds a closer."""
+    return "_resource_closers" in HttpResponseBase.close.__code__.co_names
+
+
+DJANGO_LOG_MARK = has_log_mark()
+DJANGO_RESOURCE_CLOSERS = has_resource_closers()
+
+
 def mark_logged(response: HttpResponseBase) -> HttpResponseBase:
     """Keep Django's request logger from writing a line for this response.
 
     During an outage every request is answered 503, and ``django.request`` logs each 5xx as
-    an ERROR; :func:`report_outage` already says it once a minute.
+    an ERROR; :func:`report_outage` already says it once a minute. On a Django whose
+    ``log_response`` no longer reads the mark (:data:`DJANGO_LOG_MARK`), Django logs each.
     """
-    response._has_been_logged = True  # type: ignore[attr-defined]  # read by log_response
+    if DJANGO_LOG_MARK:
+        response._has_been_logged = True  # type: ignore[attr-defined]  # read by log_response
     return response
 
 
@@ -494,9 +514,23 @@ def release_all(decisions: Sequence[Decision]) -> None:
 
 def _on_close(response: HttpResponseBase, callback: Callable[[], None]) -> None:
     # Django runs a response's resource closers from close(), which WSGI servers and the ASGI
-    # handler call once the last chunk is sent (or the client went away).
-    closers: list[Callable[[], None]] = response._resource_closers  # type: ignore[attr-defined]
-    closers.append(callback)
+    # handler call once the last chunk is sent (or the client went away). Without them
+    # (DJANGO_RESOURCE_CLOSERS), the response's own close() is wrapped: the callback then
+    # runs after Django's request_finished signal instead of before it.
+    if DJANGO_RESOURCE_CLOSERS:
+        closers: list[Callable[[], None]] = response._resource_closers  # type: ignore[attr-defined]
+        closers.append(callback)
+        return
+    close, due = response.close, [callback]
+
+    def closing() -> None:
+        try:
+            close()
+        finally:
+            while due:  # once, as Django's closers, however often close() is called
+                due.pop()()
+
+    response.close = closing  # type: ignore[method-assign]
 
 
 def finishing(response: HttpResponseBase, outcome: Outcome, request: Any = None

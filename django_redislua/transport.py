@@ -2,11 +2,14 @@
 
 A driver (:mod:`django_redislua.drivers`) hands every operation a protocol yields
 (:mod:`django_redislua.protocol`) to a transport's ``perform``. A transport sends through
-redis-py's public API only: connections checked out of the client's pool
+redis-py's public API where it has one: connections checked out of the client's pool
 (``get_connection``, ``send_command``/``send_packed_command``, ``read_response``,
 ``release``), the cluster client's slot table (``get_node_from_key``, ``get_redis_connection``,
 ``nodes_manager.initialize``), its pub/sub, and ``execute_command`` for plain idempotent
-commands. No redis-py internal is patched or read.
+commands. Nothing in redis-py is patched; the few of its internals read (the asyncio cluster's
+``PipelineCommand`` and ``ClusterNode.execute_pipeline``, ``nodes_manager``, a pub/sub reply
+read with ``push_request=True``) are feature-tested at import and listed in docs/versions.md
+("Other packages' internals we rely on").
 
 **Sent once.** A script call goes out on a pooled connection once: redis-py's own retry policy
 (which, depending on the version and on how the client was built, sends a command again after
@@ -47,7 +50,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.client
 import redis.cluster
+import redis.connection
 from redis.exceptions import ResponseError
 
 from django_redislua import lean, metrics
@@ -100,6 +105,53 @@ OPEN_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 # (docs/locks.md; system check redislua.W004).
 ASYNC_CLUSTER_PUBSUB = hasattr(redis.asyncio.cluster.RedisCluster, "pubsub")
 POLL_INTERVAL = 0.05  # seconds between two tries of a wait that cannot subscribe
+
+
+# Feature tests of redis-py internals (docs/versions.md, "Other packages' internals").
+def has_async_cluster_pipeline() -> bool:
+    """redis-py's asyncio cluster sends one node's commands in one write, never retried, by
+    ``ClusterNode.execute_pipeline`` of ``PipelineCommand(position, *args)`` objects, each
+    given its ``result``. Its public pipeline retries (a script could run twice)."""
+    command = getattr(redis.asyncio.cluster, "PipelineCommand", None)
+    node = getattr(redis.asyncio.cluster, "ClusterNode", None)
+    if command is None or not inspect.iscoroutinefunction(getattr(node, "execute_pipeline", None)):
+        return False
+    try:
+        return hasattr(command(0, "PING"), "result")
+    except TypeError:
+        return False
+
+
+def has_table_refresh() -> bool:
+    """redis-py's cluster clients read their slot table again by ``nodes_manager.initialize()``
+    (``NodesManager``); no public method does it on demand."""
+    return (callable(getattr(redis.cluster.NodesManager, "initialize", None))
+            and inspect.iscoroutinefunction(
+                getattr(redis.asyncio.cluster.NodesManager, "initialize", None)))
+
+
+def has_direct_pubsub_read() -> bool:
+    """A pub/sub message read straight off ``PubSub.connection`` (:func:`_read_message`):
+    ``read_response(disconnect_on_error=False, push_request=True)`` and
+    ``PubSub.handle_message``. Without them the lean reads are off (``get_message``)."""
+    read = inspect.signature(redis.connection.Connection.read_response).parameters
+    return ({"disconnect_on_error", "push_request"} <= read.keys()
+            and callable(getattr(redis.client.PubSub, "handle_message", None)))
+
+
+ASYNC_CLUSTER_PIPELINE = has_async_cluster_pipeline()
+TABLE_REFRESH = has_table_refresh()
+DIRECT_PUBSUB_READ = has_direct_pubsub_read()
+
+
+def unsupported(what: str) -> redis.exceptions.RedisClusterException:
+    """The clear error where a cluster transport needs a redis-py internal this version lacks:
+    a client error, so FAIL_OPEN, LockUnavailable and RecipeUnavailable apply as to a cluster
+    that cannot be reached."""
+    return redis.exceptions.RedisClusterException(
+        f"redis-py {redis.__version__} has no {what}, which django-redislua's cluster transport "
+        "needs (docs/versions.md, \"Other packages' internals we rely on\"); use a redis-py "
+        "version listed there")
 
 
 def flatten(op: Send) -> list[Command]:
@@ -170,7 +222,7 @@ def read(conn: Connection, count: int) -> list[Any]:
     try:
         for _ in range(count):
             try:
-                replies.append(conn.read_response(disconnect_on_error=True))
+                replies.append(conn.read_response())  # closes the connection on a failure
             except ResponseError as error:
                 replies.append(error)
     except BaseException as exc:
@@ -386,8 +438,9 @@ class ServerTransport(Transport):
         super().__init__()
         self.client = client
         pool = client.connection_pool
-        self.lean_reads = lean.eligible(pool)
-        self.source: Any = lean.KeptConnections(pool) if self.lean_reads else PoolSource(pool)
+        lean_calls = lean.eligible(pool)
+        self.lean_reads = lean_calls and DIRECT_PUBSUB_READ
+        self.source: Any = lean.KeptConnections(pool) if lean_calls else PoolSource(pool)
 
     def send(self, op: Send) -> Replies:
         commands = flatten(op)
@@ -435,6 +488,8 @@ class ClusterTransport(Transport):
 
     def __init__(self, cluster: redis.cluster.RedisCluster) -> None:
         super().__init__()
+        if not (TABLE_REFRESH and hasattr(cluster, "nodes_manager")):
+            raise unsupported("cluster NodesManager.initialize (nodes_manager)")
         self.client = cluster
         self._nodes: dict[str, ServerTransport] = {}
         self._lock = threading.Lock()
@@ -724,6 +779,10 @@ class AsyncClusterTransport(AsyncTransport):
 
     def __init__(self, cluster: redis.asyncio.cluster.RedisCluster) -> None:
         super().__init__()
+        if not ASYNC_CLUSTER_PIPELINE:
+            raise unsupported("asyncio cluster PipelineCommand / ClusterNode.execute_pipeline")
+        if not (TABLE_REFRESH and hasattr(cluster, "nodes_manager")):
+            raise unsupported("cluster NodesManager.initialize (nodes_manager)")
         self.client = cluster
         if not ASYNC_CLUSTER_PUBSUB:
             self.operations.update({Subscribe: self.poll, Listen: self.polled,
