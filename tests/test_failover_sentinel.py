@@ -64,8 +64,7 @@ from django_redislua import Policy
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.functions import library_names
 from django_redislua.limiting.engine import SCRIPT_ONE
-from django_redislua.locks import LeaseLost, Lock, LockNotOwned
-from django_redislua.locks.lock import LockUnavailable
+from django_redislua.locks import LeaseLost, Lock, LockNotOwned, LockUnavailable
 from django_redislua.scripts import get_script, registry
 from django_redislua.testing import RedisSentinelServers, RedisServer
 from django_redislua.transport import get_transport

@@ -3,6 +3,13 @@
 waiters are woken by pub/sub on release, never by a polling loop."""
 
 from django_redislua.locks.coordination import singleton
+from django_redislua.locks.errors import (
+    LeaseLost,
+    LockError,
+    LockNotAcquired,
+    LockNotOwned,
+    LockUnavailable,
+)
 from django_redislua.locks.flight import (
     BuildFailed,
     aforget_flight,
@@ -10,14 +17,7 @@ from django_redislua.locks.flight import (
     forget_flight,
     single_flight,
 )
-from django_redislua.locks.lock import (
-    LeaseLost,
-    Lock,
-    LockError,
-    LockNotAcquired,
-    LockNotOwned,
-    LockUnavailable,
-)
+from django_redislua.locks.lock import Lock
 from django_redislua.locks.once import RunInProgress, RunOutcome, run_once
 from django_redislua.locks.semaphore import Semaphore
 

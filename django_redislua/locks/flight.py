@@ -20,9 +20,9 @@ from typing import Any, TypeVar, cast
 from django_redislua import metrics
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.coordination import _own, own_errors, unwrapped
+from django_redislua.locks.errors import lock_errors
 from django_redislua.locks.keys import Keys, keys_for
 from django_redislua.locks.lease import Lease, milliseconds, start_renewing, stop_renewing
-from django_redislua.locks.lock import lock_errors
 from django_redislua.locks.waiting import until
 from django_redislua.protocol import Call, Invoke, Protocol, retried, undone
 from django_redislua.replies import text

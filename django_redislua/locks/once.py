@@ -27,9 +27,9 @@ from asgiref.sync import iscoroutinefunction
 from django_redislua import metrics
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.coordination import _lease_lost, _own, own_errors
+from django_redislua.locks.errors import LeaseLost, LockError, parse_wait
 from django_redislua.locks.keys import Keys, keys_for
 from django_redislua.locks.lease import Lease, milliseconds, start_renewing, stop_renewing
-from django_redislua.locks.lock import LeaseLost, LockError, parse_wait
 from django_redislua.locks.waiting import deadline_after, until
 from django_redislua.protocol import Call, Invoke, Protocol, performed, retried, undone
 from django_redislua.replies import text

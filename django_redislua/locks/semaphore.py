@@ -16,8 +16,8 @@ from collections.abc import Awaitable
 from types import TracebackType
 
 from django_redislua.limiting.rates import parse_duration
+from django_redislua.locks.errors import LockNotAcquired, LockNotOwned, lock_errors, parse_wait
 from django_redislua.locks.keys import keys_for
-from django_redislua.locks.lock import LockNotAcquired, LockNotOwned, lock_errors, parse_wait
 from django_redislua.locks.waiting import deadline_after, until
 from django_redislua.protocol import Call, Protocol, interrupted, performed, retried, undone
 from django_redislua.scripts import get_script
