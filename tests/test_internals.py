@@ -177,7 +177,7 @@ def torn_down_read(url: str) -> BaseException:
     """The failure of a read on a connection closed under it, with redis-py's Python parser
     (the hiredis one reports a closed connection as a ConnectionError)."""
     pool = redis.ConnectionPool.from_url(url, parser_class=redis.connection._RESP2Parser)
-    conn = pool.get_connection()
+    conn = connection.checkout(pool)()
     try:
         conn.send_command("PING")
         conn.disconnect()  # what another thread's pool.disconnect() does mid-call
@@ -191,7 +191,7 @@ def torn_down_read(url: str) -> BaseException:
 def misspelt_option(url: str) -> BaseException:
     pool = redis.ConnectionPool.from_url(url, socket_timeot=1)
     with pytest.raises(TypeError) as failure:
-        pool.get_connection()
+        connection.checkout(pool)()
     return failure.value
 
 
