@@ -141,6 +141,8 @@ DJANGO_FACING = (
     "tests/test_first_hour.py",
     "tests/test_quickstart_project.py", "tests/test_django_runner.py",
     "tests/test_pytest_plugin.py", "tests/test_smoke.py",
+    # Other packages' internals the app reads, each with its fallback (docs/versions.md).
+    "tests/test_internals.py",
 )
 # - Python's: asyncio under the async locks, and under the lean transport's async path (the
 #   newest Python only: it reads redis-py's asyncio internals, which follow asyncio's).
