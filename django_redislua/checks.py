@@ -15,11 +15,11 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
 
 from django_redislua.conf import DEFAULTS, SCHEMA
+from django_redislua.exchange import ASYNC_CLUSTER_PUBSUB, POLL_INTERVAL
 from django_redislua.limiting.policy import POLICY_OPTIONS, PolicyError
 from django_redislua.limiting.registry import broken_in_settings, build_policy
 from django_redislua.links import check_url
 from django_redislua.request_layer import rule_for_name
-from django_redislua.transport import ASYNC_CLUSTER_PUBSUB, POLL_INTERVAL
 from django_redislua.urlconf import url_views, view_targets
 
 # What to do about each check, said in its hint before the link to its docs entry (as Django's

@@ -23,6 +23,7 @@ from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from django.views import View
 
+from django_redislua.atransport import arun
 from django_redislua.limiting.decision import PolicyError
 from django_redislua.limiting.policy import CountFailures, Policy
 from django_redislua.limiting.registry import broken_in_settings, get_policy
@@ -34,7 +35,7 @@ from django_redislua.request_layer import (
     rule_for_name,
     rule_for_policy,
 )
-from django_redislua.transport import arun, run
+from django_redislua.transport import run
 
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
 INLINE_OPTIONS = ("rate", "algorithm", "burst", "limit", "timeout", "fallback_rate", "normalize",

@@ -17,10 +17,11 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
 
+from django_redislua.atransport import arun
 from django_redislua.conf import settings
 from django_redislua.limiting.decision import RateLimited
 from django_redislua.request_layer import RuleOrError, denied_response, guarded, rule_for_name
-from django_redislua.transport import arun, run
+from django_redislua.transport import run
 
 
 def _url_names(request: HttpRequest) -> set[str]:

@@ -36,6 +36,7 @@ from django.utils.log import log_response
 from django.utils.module_loading import import_string
 
 from django_redislua import metrics
+from django_redislua.atransport import arun
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.headers import rate_limit_headers
@@ -63,7 +64,7 @@ from django_redislua.reporting import (
     report_shadow_denial,
 )
 from django_redislua.signals import rate_limited
-from django_redislua.transport import arun, run
+from django_redislua.transport import run
 
 UNAVAILABLE_RETRY_AFTER = 1  # seconds, on every 503 this app answers
 

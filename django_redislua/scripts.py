@@ -28,8 +28,9 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from django_redislua import conf
+from django_redislua.atransport import acurrent
 from django_redislua.conf import settings
-from django_redislua.transport import acurrent, current, transport_for
+from django_redislua.transport import current, transport_for
 
 INCLUDE = re.compile(r"^--#include\s+(\S+)\s*$", re.MULTILINE)
 # In a Functions library, a script's code above this line runs once, when the library loads.

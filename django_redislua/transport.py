@@ -27,25 +27,23 @@ Transports:
 - :class:`ClusterTransport`: each send goes to the primary the client's slot table names for
   its key, through that node's own :class:`ServerTransport`.
 - :class:`ClientTransport`: any other object with ``execute_command`` (its own policies apply).
-- The asyncio twins, and :class:`ThrowawayLoopTransport` for an async view under WSGI.
+- The asyncio twins are :mod:`django_redislua.atransport`'s; the connection exchange both use
+  (sent once) and the feature tests of redis-py's internals are :mod:`django_redislua.exchange`'s.
 
 ``get_transport()`` is the process's, rebuilt when settings change (the one it replaces is
-closed: kept connections go back to their pool); ``close()`` closes it on demand.
-``get_async_transport()`` is the running loop's, closed with that loop's client.
+closed: kept connections go back to their pool); ``close()`` closes it on demand; ``run``
+runs a protocol on it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
 import os
 import secrets
 import threading
 import time
-import weakref
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.asyncio
@@ -59,15 +57,9 @@ from django_redislua import lean, metrics
 from django_redislua.conf import on_change_first
 from django_redislua.connection import (
     CLIENT_ERRORS,
-    TORN_DOWN,
-    checkout,
-    closed_under_us,
-    get_async_client,
     get_client,
-    on_throwaway_loop,
-    torn_down,
 )
-from django_redislua.drivers import Step, adrive, adrive_step, drive, drive_step, keep_running
+from django_redislua.drivers import Step, drive, drive_step
 from django_redislua.protocol import (
     Call,
     Clustered,
@@ -96,170 +88,22 @@ from django_redislua.protocol import (
 if TYPE_CHECKING:
     from django_redislua.scripts import Script
 
-T = TypeVar("T")
-Connection = Any  # redis-py's connection classes: their send/read methods are untyped
-Replies = list[list[Any]]
-# Failures of opening a connection: nothing was sent.
-OPEN_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
-# redis.asyncio.cluster.RedisCluster has pub/sub from redis-py 8.0; before, a wait there polls
-# (docs/locks.md; system check redislua.W004).
-ASYNC_CLUSTER_PUBSUB = hasattr(redis.asyncio.cluster.RedisCluster, "pubsub")
-POLL_INTERVAL = 0.05  # seconds between two tries of a wait that cannot subscribe
-
-
-# Feature tests of redis-py internals (docs/versions.md, "Other packages' internals").
-def has_async_cluster_pipeline() -> bool:
-    """redis-py's asyncio cluster sends one node's commands in one write, never retried, by
-    ``ClusterNode.execute_pipeline`` of ``PipelineCommand(position, *args)`` objects, each
-    given its ``result``. Its public pipeline retries (a script could run twice)."""
-    command = getattr(redis.asyncio.cluster, "PipelineCommand", None)
-    node = getattr(redis.asyncio.cluster, "ClusterNode", None)
-    if command is None or not inspect.iscoroutinefunction(getattr(node, "execute_pipeline", None)):
-        return False
-    try:
-        return hasattr(command(0, "PING"), "result")
-    except TypeError:
-        return False
-
-
-def has_table_refresh() -> bool:
-    """redis-py's cluster clients read their slot table again by ``nodes_manager.initialize()``
-    (``NodesManager``); no public method does it on demand."""
-    return (callable(getattr(redis.cluster.NodesManager, "initialize", None))
-            and inspect.iscoroutinefunction(
-                getattr(redis.asyncio.cluster.NodesManager, "initialize", None)))
-
-
-def has_direct_pubsub_read() -> bool:
-    """A pub/sub message read straight off ``PubSub.connection`` (:func:`_read_message`):
-    ``read_response(disconnect_on_error=False, push_request=True)`` and
-    ``PubSub.handle_message``. Without them the lean reads are off (``get_message``)."""
-    read = inspect.signature(redis.connection.Connection.read_response).parameters
-    return ({"disconnect_on_error", "push_request"} <= read.keys()
-            and callable(getattr(redis.client.PubSub, "handle_message", None)))
-
-
-ASYNC_CLUSTER_PIPELINE = has_async_cluster_pipeline()
-TABLE_REFRESH = has_table_refresh()
-DIRECT_PUBSUB_READ = has_direct_pubsub_read()
-
-
-def unsupported(what: str) -> redis.exceptions.RedisClusterException:
-    """The clear error where a cluster transport needs a redis-py internal this version lacks:
-    a client error, so FAIL_OPEN, LockUnavailable and RecipeUnavailable apply as to a cluster
-    that cannot be reached."""
-    return redis.exceptions.RedisClusterException(
-        f"redis-py {redis.__version__} has no {what}, which django-redislua's cluster transport "
-        "needs (docs/versions.md, \"Other packages' internals we rely on\"); use a redis-py "
-        "version listed there")
-
-
-def flatten(op: Send) -> list[Command]:
-    return [command for _key, group in op.groups for command in group]
-
-
-def regroup(op: Send, replies: list[Any]) -> Replies:
-    """The replies of :func:`flatten`'s commands, per group of ``op``."""
-    split, start = [], 0
-    for _key, group in op.groups:
-        split.append(replies[start:start + len(group)])
-        start += len(group)
-    return split
-
-
-# -- connections, sent once -----------------------------------------------------------------------
-
-class PoolSource:
-    """The reference way to a connection: checked out of the pool for one exchange and
-    returned after it (redis-py's own path, without its retry)."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-        self.take = checkout(pool)
-        self.give = pool.release
-
-    @staticmethod
-    def send_one(conn: Connection, command: Command) -> None:
-        conn.send_command(*command)
-
-    def close(self) -> None:
-        """Nothing is kept between exchanges."""
-
-
-def opened(source: Any) -> Connection:
-    """A connection from ``source``; a failure to open one is marked as sending nothing
-    (:func:`protocol.unsent`), a connection torn down by another thread meanwhile included
-    (see connection.TORN_DOWN)."""
-    try:
-        return source.take()
-    except OPEN_ERRORS as exc:
-        unsent(exc)
-        raise
-    except TORN_DOWN as exc:
-        if not closed_under_us(exc):
-            raise
-        raise unsent(torn_down(exc)) from exc
-
-
-def written(source: Any, conn: Connection, commands: Sequence[Command]) -> None:
-    """``commands`` sent on ``conn`` in one write, once; a failure closes the connection."""
-    try:
-        if len(commands) == 1:
-            source.send_one(conn, commands[0])
-        else:
-            conn.send_packed_command(conn.pack_commands(commands))
-    except BaseException as exc:
-        conn.disconnect()
-        if isinstance(exc, TORN_DOWN) and closed_under_us(exc):
-            raise torn_down(exc) from exc
-        raise
-
-
-def read(conn: Connection, count: int) -> list[Any]:
-    """``count`` replies, an error reply as its exception. Any other failure closes the
-    connection: a reply left unread on it must never answer a later call."""
-    replies: list[Any] = []
-    try:
-        for _ in range(count):
-            try:
-                replies.append(conn.read_response())  # closes the connection on a failure
-            except ResponseError as error:
-                replies.append(error)
-    except BaseException as exc:
-        conn.disconnect()
-        if isinstance(exc, TORN_DOWN) and closed_under_us(exc):
-            raise torn_down(exc) from exc
-        raise
-    return replies
-
+from django_redislua import exchange
+from django_redislua.exchange import (
+    Connection,
+    PoolSource,
+    Replies,
+    Spawned,
+    T,
+    flatten,
+    opened,
+    read,
+    regroup,
+    unsupported,
+    written,
+)
 
 # -- sync ----------------------------------------------------------------------------------------
-
-class Spawned:
-    """A protocol running apart (a daemon thread or a task): see :class:`protocol.Spawn`."""
-
-    def __init__(self, runner: Any, stop: threading.Event) -> None:
-        self.runner, self.stop = runner, stop
-
-    def task_ended(self) -> Any:
-        """An awaitable of the task's end, cancelling it first (it checks its stop event after
-        every operation too: a cancellation can be lost). At once from the task itself."""
-        if self.runner is asyncio.current_task():
-            return asyncio.sleep(0)
-        self.runner.cancel()
-        return asyncio.wait([self.runner])
-
-
-def flatten_replies(replies: Replies) -> list[Any]:
-    return [reply for group in replies for reply in group]
-
-
-def first_error(replies: list[Any]) -> None:
-    """Raise the first error reply among ``replies``."""
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-
 
 _NOT_READ = object()
 _PUBLISHED = (b"message", "message")
@@ -439,7 +283,7 @@ class ServerTransport(Transport):
         self.client = client
         pool = client.connection_pool
         lean_calls = lean.eligible(pool)
-        self.lean_reads = lean_calls and DIRECT_PUBSUB_READ
+        self.lean_reads = lean_calls and exchange.DIRECT_PUBSUB_READ
         self.source: Any = lean.KeptConnections(pool) if lean_calls else PoolSource(pool)
 
     def send(self, op: Send) -> Replies:
@@ -488,7 +332,7 @@ class ClusterTransport(Transport):
 
     def __init__(self, cluster: redis.cluster.RedisCluster) -> None:
         super().__init__()
-        if not (TABLE_REFRESH and hasattr(cluster, "nodes_manager")):
+        if not (exchange.TABLE_REFRESH and hasattr(cluster, "nodes_manager")):
             raise unsupported("cluster NodesManager.initialize (nodes_manager)")
         self.client = cluster
         self._nodes: dict[str, ServerTransport] = {}
@@ -621,287 +465,11 @@ def transport_for(client: Any) -> Transport:
     return ClientTransport(client)
 
 
-# -- asyncio -------------------------------------------------------------------------------------
-
-class AsyncTransport:
-    """What the asyncio driver performs: each method returns an awaitable."""
-
-    client: Any
-
-    def __init__(self) -> None:
-        self.operations: dict[type, Callable[[Any], Any]] = {
-            Call: self.perform_call, Send: self.send, Load: self.load, Refresh: self.refresh,
-            Clustered: self.clustered, Execute: self.execute, Pause: self.pause,
-            Now: self.now, Failed: self.failed,
-            Subscribe: self.subscribe, Listen: self.listen, Unsubscribe: self.unsubscribe,
-            Inbox: self.inbox, Invoke: self.invoke, Spawn: self.spawn, Join: self.join,
-        }
-
-    def perform(self, operation: Any) -> Any:
-        return self.operations[type(operation)](operation)
-
-    async def clustered(self, op: Clustered) -> bool:
-        return isinstance(self.client, redis.asyncio.cluster.RedisCluster)
-
-    def perform_call(self, op: Call) -> Any:
-        return adrive(call(op.script, op.command), self)
-
-    def call(self, script: Script, command: Command) -> Any:
-        return adrive(call(script, command), self)
-
-    def send(self, op: Send) -> Any:
-        raise NotImplementedError
-
-    async def load(self, op: Load) -> None:
-        first_error(await self.loaded(op))
-
-    def loaded(self, op: Load) -> Any:
-        """The load's reply on every primary (an awaitable of a list)."""
-        return aexchange(self.source, (op.command,))  # type: ignore[attr-defined]
-
-    async def refresh(self, op: Refresh) -> bool:
-        return False
-
-    def execute(self, op: Execute) -> Any:
-        return self.client.execute_command(*op.args)
-
-    # pub/sub: a subscription of its own per wait, closed by Unsubscribe
-    async def subscribe(self, op: Subscribe) -> Any:
-        pubsub = self.client.pubsub()
-        await pubsub.subscribe(op.channel)
-        return pubsub
-
-    async def inbox(self, op: Inbox) -> Mailbox:
-        """An inbox for this wait alone (no kept one: a pub/sub connection per wait), in one
-        ``SUBSCRIBE`` with the primitive's own channel, so the wait is counted among the
-        channel's subscribers (``PUBSUB NUMSUB``) like any other; only the inbox is listened
-        to."""
-        token = secrets.token_hex(16)
-        channel = f"{op.prefix}{token}"
-        pubsub = self.client.pubsub()
-        await pubsub.subscribe(op.channel, channel)
-        return Mailbox(pubsub, channel, token, False)
-
-    @staticmethod
-    def listen(op: Listen) -> Any:
-        return op.subscription.get_message(timeout=op.timeout)
-
-    @staticmethod
-    def unsubscribe(op: Unsubscribe) -> Any:
-        return op.subscription.aclose()
-
-    @staticmethod
-    def pause(op: Pause) -> Any:
-        return asyncio.sleep(op.seconds)
-
-    @staticmethod
-    async def now(op: Now) -> float:
-        return time.monotonic()
-
-    @staticmethod
-    async def failed(op: Failed) -> None:
-        metrics.redis_error(op.operation)
-
-    @staticmethod
-    async def invoke(op: Invoke) -> Any:
-        result = (op.asynchronous or op.sync)(*op.args)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
-    async def spawn(self, op: Spawn) -> Spawned:
-        task = asyncio.get_running_loop().create_task(adrive(op.protocol, self))
-        keep_running(task)
-        return Spawned(task, op.stop)
-
-    @staticmethod
-    def join(op: Join) -> Any:
-        spawned: Spawned = op.spawned
-        spawned.stop.set()
-        return spawned.task_ended()
-
-
-async def aexchange(source: Any, commands: Sequence[Command]) -> list[Any]:
-    """The asyncio :func:`opened`, :func:`written` and :func:`read`: ``commands`` sent once in
-    one write on a connection of ``source``, their replies (an error reply as its exception).
-    A failure or a cancellation while sending or reading closes the connection (redis-py's
-    ``send_packed_command`` and ``read_response`` do), and it goes back to ``source``."""
-    try:
-        conn = await source.take()
-    except OPEN_ERRORS as exc:
-        unsent(exc)
-        raise
-    try:
-        await conn.send_packed_command(source.pack(conn, commands))
-        replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(await conn.read_response())
-            except ResponseError as error:
-                replies.append(error)
-        return replies
-    finally:
-        given = source.give(conn)
-        if given is not None:  # shielded: a second cancellation must not lose the connection
-            await asyncio.shield(given)
-
-
-class AsyncPoolSource:
-    """The reference asyncio way to a connection: from the pool, per exchange."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-        self.take = checkout(pool)
-        self.give = pool.release
-
-    @staticmethod
-    def pack(conn: Connection, commands: Sequence[Command]) -> Any:
-        return conn.pack_commands(commands)
-
-
-class AsyncServerTransport(AsyncTransport):
-    """The asyncio twin of :class:`ServerTransport`."""
-
-    def __init__(self, client: redis.asyncio.Redis) -> None:
-        super().__init__()
-        self.client = client
-        pool = client.connection_pool
-        self.source: Any = (lean.AsyncKeptConnections(pool) if lean.eligible(pool)
-                            else AsyncPoolSource(pool))
-
-    async def send(self, op: Send) -> Replies:
-        return regroup(op, await aexchange(self.source, flatten(op)))
-
-
-class AsyncClusterTransport(AsyncTransport):
-    """The asyncio twin of :class:`ClusterTransport`: each group is sent by its node's own
-    ``execute_pipeline`` (one write on one connection, never retried), nodes concurrently."""
-
-    def __init__(self, cluster: redis.asyncio.cluster.RedisCluster) -> None:
-        super().__init__()
-        if not ASYNC_CLUSTER_PIPELINE:
-            raise unsupported("asyncio cluster PipelineCommand / ClusterNode.execute_pipeline")
-        if not (TABLE_REFRESH and hasattr(cluster, "nodes_manager")):
-            raise unsupported("cluster NodesManager.initialize (nodes_manager)")
-        self.client = cluster
-        if not ASYNC_CLUSTER_PUBSUB:
-            self.operations.update({Subscribe: self.poll, Listen: self.polled,
-                                    Unsubscribe: self.unpolled, Inbox: self.poll_inbox})
-
-    async def send(self, op: Send) -> Replies:
-        await self.client.initialize()  # a new client discovers the cluster before routing
-        pipelines = self.pipelines(op)
-        await asyncio.gather(*self.sent(pipelines))
-        return self.results(pipelines)
-
-    @staticmethod
-    def sent(pipelines: list[tuple[Any, list[Any]]]) -> list[Any]:
-        """Each node's ``execute_pipeline`` of its commands: one write, never retried."""
-        return [node.execute_pipeline(commands) for node, commands in pipelines]
-
-    @staticmethod
-    def results(pipelines: list[tuple[Any, list[Any]]]) -> Replies:
-        return [[command.result for command in commands] for _node, commands in pipelines]
-
-    def pipelines(self, op: Send) -> list[tuple[Any, list[Any]]]:
-        from redis.asyncio.cluster import PipelineCommand
-
-        cluster, found = self.client, []
-        for key, group in op.groups:
-            try:
-                node = (cluster.get_node_from_key(key) if op.address is None
-                        else cluster.get_node(host=op.address[0], port=op.address[1]))
-            except redis.exceptions.SlotNotCoveredError as exc:
-                unsent(exc)
-                raise
-            if node is None:
-                raise unsent(redis.exceptions.ClusterError(f"no cluster node at {op.address}"))
-            found.append((node, [PipelineCommand(i, *command) for i, command in enumerate(group)]))
-        return found
-
-    async def loaded(self, op: Load) -> list[Any]:
-        await self.client.initialize()
-        pipelines = self.everywhere(op)
-        await asyncio.gather(*self.sent(pipelines))
-        return flatten_replies(self.results(pipelines))
-
-    def everywhere(self, op: Load) -> list[tuple[Any, list[Any]]]:
-        """The load as a one-command pipeline for every primary."""
-        from redis.asyncio.cluster import PipelineCommand
-
-        return [(node, [PipelineCommand(0, *op.command)])
-                for node in self.client.get_nodes() if node.server_type == "primary"]
-
-    async def refresh(self, op: Refresh) -> bool:
-        await self.client.nodes_manager.initialize()
-        return True
-
-    # redis-py before 8.0 has no asyncio cluster pub/sub: a wait there wakes every
-    # POLL_INTERVAL instead of on a message (redislua.W004).
-    @staticmethod
-    def poll(op: Subscribe) -> Any:
-        return asyncio.sleep(0, Polling(op.channel))
-
-    @staticmethod
-    def poll_inbox(op: Inbox) -> Any:
-        return asyncio.sleep(0, Mailbox(Polling(op.channel), op.channel, "", False))
-
-    @staticmethod
-    def polled(op: Listen) -> Any:
-        return op.subscription.listen(op.timeout)
-
-    @staticmethod
-    def unpolled(op: Unsubscribe) -> Any:
-        return asyncio.sleep(0)
-
-
-class Polling:
-    """A subscription where there can be none (see ASYNC_CLUSTER_PUBSUB): confirmed at once,
-    then every POLL_INTERVAL reads as a wake-up message, so the wait tries again."""
-
-    def __init__(self, channel: str) -> None:
-        self.channel = channel
-        self.confirmed = False
-
-    def listen(self, timeout: float) -> Any:
-        if not self.confirmed:
-            self.confirmed = True
-            return asyncio.sleep(0, {"type": "subscribe", "channel": self.channel, "data": 1})
-        return asyncio.sleep(min(timeout, POLL_INTERVAL),
-                             {"type": "message", "channel": self.channel, "data": "poll"})
-
-
-class ThrowawayLoopTransport(AsyncTransport):
-    """An async view under WSGI runs in a loop made for one call (see
-    ``connection.on_throwaway_loop``): every Redis operation runs on the process's sync
-    transport, inline, blocking only that private loop, so no connection is opened per
-    request."""
-
-    def __init__(self, sync: Transport) -> None:
-        super().__init__()
-        self.client = sync.client
-        self.sync = sync
-        for kind in (Call, Send, Load, Refresh, Clustered, Execute, Subscribe, Inbox, Listen,
-                     Unsubscribe):
-            self.operations[kind] = self.inline
-
-    def inline(self, operation: Any) -> Any:
-        return asyncio.sleep(0, self.sync.perform(operation))
-
-
-def async_transport_for(client: Any) -> AsyncTransport:
-    if isinstance(client, redis.asyncio.cluster.RedisCluster):
-        return AsyncClusterTransport(client)
-    return AsyncServerTransport(client)
-
-
 # -- the process's transports ----------------------------------------------------------------------
 
 _lock = threading.Lock()
 _sync: Transport | None = None
 _pid = os.getpid()
-_async: weakref.WeakKeyDictionary[Any, AsyncTransport] = weakref.WeakKeyDictionary()
-_throwaway: tuple[Transport | None, ThrowawayLoopTransport | None] = (None, None)
 
 
 def get_transport() -> Transport:
@@ -922,23 +490,6 @@ def _built() -> Transport:
         return _sync
 
 
-def get_async_transport() -> AsyncTransport:
-    """The running loop's asyncio transport (the sync one, inline, on a throwaway loop)."""
-    global _throwaway
-    if on_throwaway_loop():
-        sync = get_transport()
-        known, inline = _throwaway
-        if known is not sync or inline is None:
-            inline = ThrowawayLoopTransport(sync)
-            _throwaway = (sync, inline)
-        return inline
-    client = get_async_client()
-    found = _async.get(client)
-    if found is None:
-        found = _async[client] = async_transport_for(client)
-    return found
-
-
 class Unbuilt(Transport):
     """The process's transport while its client cannot be built (a malformed setting, no
     cluster node answering; ``connection.get_client`` backs off between tries): every Redis
@@ -956,22 +507,10 @@ class Unbuilt(Transport):
         return get_transport().call(script, command)
 
 
-class AsyncUnbuilt(AsyncTransport):
-    """The asyncio twin of :class:`Unbuilt`."""
-
-    client = None
-
-    def perform(self, operation: Any) -> Any:
-        if type(operation) in REDIS_OPERATIONS:
-            return get_async_transport().perform(operation)
-        return super().perform(operation)
-
-    def call(self, script: Script, command: Command) -> Any:
-        return get_async_transport().call(script, command)
-
-
 REDIS_OPERATIONS = frozenset({Call, Send, Load, Refresh, Clustered, Execute, Subscribe, Inbox,
                               Listen, Unsubscribe})
+
+
 _UNBUILT = Unbuilt()
 
 
@@ -983,39 +522,21 @@ def current() -> Transport:
         return _UNBUILT
 
 
-def acurrent() -> AsyncTransport:
-    """The running loop's asyncio transport, or :class:`AsyncUnbuilt`."""
-    try:
-        return get_async_transport()
-    except CLIENT_ERRORS:
-        return AsyncUnbuilt()
-
-
 def run(protocol: Protocol[T]) -> T:
     """Run ``protocol`` on the process's sync transport."""
     return drive(protocol, current())
-
-
-async def arun(protocol: Protocol[T]) -> T:
-    """Run ``protocol`` on the running loop's asyncio transport (found when awaited)."""
-    return await adrive(protocol, acurrent())
 
 
 def run_step(step: Step) -> Any:
     return drive_step(step, current())
 
 
-async def arun_step(step: Step) -> Any:
-    return await adrive_step(step, acurrent())
-
-
 @on_change_first
 def close() -> None:
-    """Close the process's transports (settings changed; or call it before exiting): kept
-    connections go back to their pools. The next call builds them anew."""
-    global _sync, _throwaway
+    """Close the process's sync transport (settings changed; or call it before exiting): kept
+    connections go back to their pools. The next call builds it anew."""
+    global _sync
     with _lock:
-        dropped, _sync, _throwaway = _sync, None, (None, None)
-        _async.clear()  # their clients are closed on their loops (connection.reset_clients)
+        dropped, _sync = _sync, None
     if dropped is not None:
         dropped.close()

@@ -29,7 +29,15 @@ from django.db import close_old_connections
 from django.http import HttpResponse
 from django.test import override_settings
 
-from django_redislua import connection, lean, metrics, request_layer, transport
+from django_redislua import (
+    atransport,
+    connection,
+    exchange,
+    lean,
+    metrics,
+    request_layer,
+    transport,
+)
 from django_redislua.limiting import Policy
 
 VERSIONS = Path(__file__).resolve().parent.parent / "docs" / "versions.md"
@@ -44,10 +52,10 @@ def needs_lean() -> bool:
 # uses it (the lean transport's internals only from redis-py 8.1).
 ROWS: dict[str, tuple[Callable[[], Any], Callable[[], bool]]] = {
     "`PipelineCommand`, `ClusterNode.execute_pipeline`":
-        (transport.has_async_cluster_pipeline, lambda: True),
-    "`RedisCluster.nodes_manager.initialize()`": (transport.has_table_refresh, lambda: True),
+        (exchange.has_async_cluster_pipeline, lambda: True),
+    "`RedisCluster.nodes_manager.initialize()`": (exchange.has_table_refresh, lambda: True),
     "`read_response(push_request=True, disconnect_on_error=False)`, `PubSub.connection`, "
-    "`PubSub.handle_message`": (transport.has_direct_pubsub_read, needs_lean),
+    "`PubSub.handle_message`": (exchange.has_direct_pubsub_read, needs_lean),
     "a connection closed by another thread fails with `AttributeError`/`TypeError` in "
     "`redis/_parsers/`, `send_packed_command`, `_send_packed_command` or `can_read`":
         (connection.has_redis_parsers, lambda: True),
@@ -103,15 +111,15 @@ def test_each_internal_is_there_on_the_installed_versions(row: str) -> None:
 def test_without_the_asyncio_cluster_pipeline_a_call_fails_clearly(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(redis.asyncio.cluster, "PipelineCommand")
-    assert not transport.has_async_cluster_pipeline()
-    monkeypatch.setattr(transport, "ASYNC_CLUSTER_PIPELINE", False)
+    assert not exchange.has_async_cluster_pipeline()
+    monkeypatch.setattr(exchange, "ASYNC_CLUSTER_PIPELINE", False)
 
     async def hit() -> None:
         with override_settings(REDISLUA={"CONNECTION": "redis+cluster://127.0.0.1:1"}):
             with pytest.raises(redis.exceptions.RedisClusterException,
                                match=re.escape(f"{REDIS_PY} has no asyncio cluster")):
                 await Policy("internals-acluster", rate="5/m").ahit("k")
-            assert isinstance(transport.acurrent(), transport.AsyncUnbuilt)
+            assert isinstance(atransport.acurrent(), atransport.AsyncUnbuilt)
 
     asyncio.run(hit())
 
@@ -120,20 +128,20 @@ def test_without_the_asyncio_cluster_pipeline_a_call_fails_clearly(
 def test_without_execute_pipeline_the_feature_test_says_so(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(redis.asyncio.cluster.ClusterNode, "execute_pipeline")
-    assert not transport.has_async_cluster_pipeline()
+    assert not exchange.has_async_cluster_pipeline()
 
 
 @pytest.mark.unit
 def test_without_the_table_refresh_a_cluster_transport_fails_clearly(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(redis.cluster.NodesManager, "initialize")
-    assert not transport.has_table_refresh()
-    monkeypatch.setattr(transport, "TABLE_REFRESH", False)
+    assert not exchange.has_table_refresh()
+    monkeypatch.setattr(exchange, "TABLE_REFRESH", False)
     with pytest.raises(redis.exceptions.RedisClusterException,
                        match=re.escape(f"{REDIS_PY} has no cluster NodesManager.initialize")):
         transport.ClusterTransport(object())  # type: ignore[arg-type]
     with pytest.raises(redis.exceptions.RedisClusterException, match="NodesManager"):
-        transport.AsyncClusterTransport(redis.asyncio.cluster.RedisCluster(host="127.0.0.1",
+        atransport.AsyncClusterTransport(redis.asyncio.cluster.RedisCluster(host="127.0.0.1",
                                                                            port=1))
 
 
@@ -144,10 +152,10 @@ def test_without_the_direct_pubsub_read_the_lean_transport_reads_with_get_messag
         """A redis-py whose read_response takes no push_request."""
 
     monkeypatch.setattr(redis.connection.Connection, "read_response", read_response)
-    assert not transport.has_direct_pubsub_read()
+    assert not exchange.has_direct_pubsub_read()
     client = redis.Redis(host="127.0.0.1", port=1)  # connects on first use: never here
     assert transport.ServerTransport(client).lean_reads == lean.SUPPORTED
-    monkeypatch.setattr(transport, "DIRECT_PUBSUB_READ", False)
+    monkeypatch.setattr(exchange, "DIRECT_PUBSUB_READ", False)
     found = transport.ServerTransport(client)
     assert not found.lean_reads
     assert isinstance(found.source, lean.KeptConnections) == lean.SUPPORTED  # calls stay lean

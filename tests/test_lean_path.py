@@ -35,12 +35,13 @@ import redis.asyncio
 from django.conf import settings
 from django.test import Client, override_settings
 
-from django_redislua import lean, transport
+from django_redislua import atransport, lean, transport
+from django_redislua.atransport import get_async_transport
 from django_redislua.checks import check_settings
 from django_redislua.connection import get_async_client, get_client
 from django_redislua.limiting.policy import Policy
 from django_redislua.testing import CommandRecorder, RedisServer
-from django_redislua.transport import get_async_transport, get_transport
+from django_redislua.transport import get_transport
 
 TIMEOUT = 0.3  # SOCKET_TIMEOUT and SOCKET_CONNECT_TIMEOUT under test
 PAUSE_MS = 1500  # CLIENT PAUSE: always lifted early (UNPAUSE); it only bounds a failed test
@@ -127,7 +128,7 @@ def lean_call(found: Any, *args: Any) -> Any:
 
 
 async def alean_call(afound: Any, *args: Any) -> Any:
-    reply = (await transport.aexchange(afound, (args,)))[0]
+    reply = (await atransport.aexchange(afound, (args,)))[0]
     if isinstance(reply, Exception):
         raise reply
     return reply

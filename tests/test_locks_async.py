@@ -10,8 +10,8 @@ import redis
 
 from django_redislua.connection import primary_nodes
 from django_redislua.drivers import _background
+from django_redislua.exchange import ASYNC_CLUSTER_PUBSUB
 from django_redislua.locks import Lock, LockNotOwned, Semaphore, asingle_flight, run_once
-from django_redislua.transport import ASYNC_CLUSTER_PUBSUB
 
 pytestmark = pytest.mark.topologies
 

@@ -22,13 +22,14 @@ from django.core.management import call_command
 from django.test import override_settings
 from redis.client import PubSub
 
+from django_redislua.atransport import arun
 from django_redislua.connection import get_client
 from django_redislua.locks import Lock, LockNotOwned, LockUnavailable, Semaphore
 from django_redislua.locks.lock import _Wait
 from django_redislua.protocol import Mailbox
 from django_redislua.scripts import get_script
 from django_redislua.testing import CommandRecorder
-from django_redislua.transport import arun, run
+from django_redislua.transport import run
 from tests.test_lost_replies import PATIENT, owner_of
 
 WINDOW = 0.3  # the claim window these tests run with (the default is 1 s)

@@ -18,6 +18,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
+from django_redislua.atransport import AsyncTransport, get_async_transport
 from django_redislua.connection import get_client
 from django_redislua.drivers import adrive
 from django_redislua.locks import (
@@ -36,7 +37,6 @@ from django_redislua.locks.keys import keys_for
 from django_redislua.locks.lease import Lease, start_renewing, stop_renewing
 from django_redislua.protocol import Call
 from django_redislua.testing import RedisServer
-from django_redislua.transport import AsyncTransport, get_async_transport
 
 # Tests on the app's configured Redis are marked ``topologies``: they run on the single server
 # and again on the 6-node cluster (tests/conftest.py). Tests that start their own servers, need

@@ -4,7 +4,7 @@ degradations of older versions (docs/checks.md), and nothing else."""
 from __future__ import annotations
 
 from django_redislua import lean
-from django_redislua.transport import ASYNC_CLUSTER_PUBSUB
+from django_redislua.exchange import ASYNC_CLUSTER_PUBSUB
 
 # Before redis-py 8.0 the asyncio cluster client has no pub/sub: a cluster configuration warns
 # (redislua.W004) that asyncio waits poll.

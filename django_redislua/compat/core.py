@@ -27,13 +27,14 @@ from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
 from django_redislua import metrics
+from django_redislua.atransport import arun
 from django_redislua.conf import settings
 from django_redislua.keys import body_field, client_ip
 from django_redislua.limiting.decision import Decision
 from django_redislua.limiting.policy import Policy
 from django_redislua.protocol import Protocol
 from django_redislua.request_layer import Rule, deciding, signalling
-from django_redislua.transport import arun, run
+from django_redislua.transport import run
 
 __all__ = ["is_ratelimited", "get_usage"]  # noqa: RUF022 (django-ratelimit's order)
 

@@ -11,10 +11,11 @@ from django.conf import settings as django_settings
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
+from django_redislua.atransport import arun
 from django_redislua.compat.core import ALL, UNSAFE, Usage, usage
 from django_redislua.compat.exceptions import Ratelimited
 from django_redislua.protocol import Invoke, Protocol
-from django_redislua.transport import arun, run
+from django_redislua.transport import run
 
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
 

@@ -27,6 +27,7 @@ import redis
 from redis.crc import key_slot
 
 from django_redislua import conf, metrics
+from django_redislua.atransport import acurrent, arun, async_transport_for
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.drivers import adrive, adrive_step, drive, drive_step, stepped
 from django_redislua.limiting import clock, denials
@@ -40,14 +41,7 @@ from django_redislua.limiting.decision import (
 )
 from django_redislua.protocol import Clustered, Execute, Protocol, call_groups, retried, undone
 from django_redislua.scripts import Script, get_script
-from django_redislua.transport import (
-    acurrent,
-    arun,
-    async_transport_for,
-    current,
-    run,
-    transport_for,
-)
+from django_redislua.transport import current, run, transport_for
 
 if TYPE_CHECKING:
     from django_redislua.limiting.policy import Policy

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 from django.utils.module_loading import import_string
 
 from django_redislua import conf
+from django_redislua.atransport import arun
 from django_redislua.conf import settings
 from django_redislua.limiting import engine
 from django_redislua.limiting.decision import Decision, PolicyError, RateLimited
 from django_redislua.limiting.identity import bound_identity
 from django_redislua.limiting.rates import Rate, RateError, parse_duration, parse_rate
-from django_redislua.transport import arun, run
+from django_redislua.transport import run
 
 __all__ = ["Decision", "Policy", "PolicyError", "RateLimited", "check_cost", "resolve_callable"]
 

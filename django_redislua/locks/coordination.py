@@ -20,12 +20,13 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction
 
+from django_redislua.atransport import arun
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.locks.errors import LeaseLost, lock_errors
 from django_redislua.locks.lock import Lock
 from django_redislua.protocol import Execute, Invoke, Protocol
 from django_redislua.replies import text
-from django_redislua.transport import arun, run
+from django_redislua.transport import run
 
 logger = logging.getLogger("django_redislua.locks")
 

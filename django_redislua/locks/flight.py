@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from django_redislua import metrics
+from django_redislua.atransport import arun
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.coordination import _own, own_errors, unwrapped
 from django_redislua.locks.errors import lock_errors
@@ -27,7 +28,7 @@ from django_redislua.locks.waiting import until
 from django_redislua.protocol import Call, Invoke, Protocol, retried, undone
 from django_redislua.replies import text
 from django_redislua.scripts import get_script
-from django_redislua.transport import arun, run
+from django_redislua.transport import run
 
 logger = logging.getLogger("django_redislua.locks")
 

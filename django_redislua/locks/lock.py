@@ -49,6 +49,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from asgiref.sync import iscoroutinefunction
 
 from django_redislua import conf, metrics
+from django_redislua.atransport import arun
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.limiting.rates import parse_duration
@@ -84,7 +85,7 @@ from django_redislua.protocol import (
 )
 from django_redislua.replies import text
 from django_redislua.scripts import get_script
-from django_redislua.transport import arun, run
+from django_redislua.transport import run
 
 logger = logging.getLogger("django_redislua.locks")
 

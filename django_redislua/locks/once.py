@@ -25,6 +25,7 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast, overload
 from asgiref.sync import iscoroutinefunction
 
 from django_redislua import metrics
+from django_redislua.atransport import arun
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.coordination import _lease_lost, _own, own_errors
 from django_redislua.locks.errors import LeaseLost, LockError, parse_wait
@@ -34,7 +35,7 @@ from django_redislua.locks.waiting import deadline_after, until
 from django_redislua.protocol import Call, Invoke, Protocol, performed, retried, undone
 from django_redislua.replies import text
 from django_redislua.scripts import get_script
-from django_redislua.transport import arun, run
+from django_redislua.transport import run
 
 logger = logging.getLogger("django_redislua.locks")
 

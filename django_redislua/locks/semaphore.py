@@ -15,13 +15,14 @@ import time
 from collections.abc import Awaitable
 from types import TracebackType
 
+from django_redislua.atransport import arun
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.errors import LockNotAcquired, LockNotOwned, lock_errors, parse_wait
 from django_redislua.locks.keys import keys_for
 from django_redislua.locks.waiting import deadline_after, until
 from django_redislua.protocol import Call, Protocol, interrupted, performed, retried, undone
 from django_redislua.scripts import get_script
-from django_redislua.transport import arun, run
+from django_redislua.transport import run
 
 ACQUIRE = "django_redislua.semaphore_acquire"
 RELEASE = "django_redislua.semaphore_release"

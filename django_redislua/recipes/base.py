@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
+from django_redislua.atransport import arun_step
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.limiting.identity import bound_identity
@@ -30,7 +31,7 @@ from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks import lease
 from django_redislua.protocol import Protocol, raising
 from django_redislua.scripts import Arg, get_script
-from django_redislua.transport import arun_step, run_step
+from django_redislua.transport import run_step
 
 T = TypeVar("T")
 

@@ -17,6 +17,7 @@ import pickle
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar, cast
 
+from django_redislua.atransport import arun as arun_protocol
 from django_redislua.locks.coordination import own_errors
 from django_redislua.locks.flight import Flight, flight_keys, flying
 from django_redislua.locks.keys import Keys
@@ -31,7 +32,6 @@ from django_redislua.recipes.base import (
     run,
     whole,
 )
-from django_redislua.transport import arun as arun_protocol
 from django_redislua.transport import run as run_protocol
 
 R = TypeVar("R")

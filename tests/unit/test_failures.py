@@ -15,7 +15,8 @@ from django_redislua import connection, failures
 # What a protocol module must not bring with it: Django, any redis-py module (importing one
 # runs redis-py's __init__, which loads its clients), the app's settings, metrics, clients.
 FORBIDDEN = ("django", "redis", "django_redislua.conf", "django_redislua.metrics",
-             "django_redislua.connection", "django_redislua.transport")
+             "django_redislua.connection", "django_redislua.transport",
+             "django_redislua.atransport", "django_redislua.exchange")
 
 
 def loaded_by(*modules: str) -> list[str]:
