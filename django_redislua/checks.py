@@ -89,7 +89,7 @@ def _error(check_id: str, msg: str, hint: str | None = None) -> Error:
 
 
 def _connection(config: dict[str, Any]) -> list[CheckMessage]:
-    from django_redislua.connection import ConnectionConfigError, resolve_endpoint
+    from django_redislua.endpoints import ConnectionConfigError, resolve_endpoint
 
     target = config.get("CONNECTION", DEFAULTS["CONNECTION"])
     if not isinstance(target, str) or not target:
@@ -448,12 +448,8 @@ def check_reachable(**kwargs: Any) -> list[CheckMessage]:
     Connected, read every primary's ``maxmemory-policy``: one that evicts can drop a held lock
     (two holders) or a limit's state under memory pressure (W006)."""
     from django_redislua.conf import settings as redislua_settings
-    from django_redislua.connection import (
-        CLIENT_ERRORS,
-        ConnectionConfigError,
-        primary_nodes,
-        redacted_url,
-    )
+    from django_redislua.connection import CLIENT_ERRORS, primary_nodes
+    from django_redislua.endpoints import ConnectionConfigError, redacted_url
 
     config = getattr(django_settings, "REDISLUA", {})
     if not isinstance(config, dict):

@@ -10,10 +10,9 @@ from django_redislua.connection import (
     aclose_client,
     get_async_client,
     get_client,
-    parse_url,
     primary_nodes,
-    resolve_endpoint,
 )
+from django_redislua.endpoints import parse_url, resolve_endpoint
 
 
 def test_url_connection(settings):

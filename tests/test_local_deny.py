@@ -44,7 +44,8 @@ from rest_framework.views import APIView
 
 from django_redislua import drf
 from django_redislua.checks import check_settings
-from django_redislua.connection import get_client, parse_url
+from django_redislua.connection import get_client
+from django_redislua.endpoints import parse_url
 from django_redislua.limiting import Decision, Policy, denials, engine, get_policy
 from django_redislua.limiting.inspect import reset_key
 from django_redislua.signals import rate_limited

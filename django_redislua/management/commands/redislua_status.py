@@ -8,7 +8,8 @@ import redis
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_redislua.conf import settings
-from django_redislua.connection import primary_nodes, resolve_endpoint
+from django_redislua.connection import primary_nodes
+from django_redislua.endpoints import resolve_endpoint
 from django_redislua.functions import load_scripts, server_version
 from django_redislua.limiting import PolicyError, get_policy
 from django_redislua.management import redis_errors_as_command_errors
