@@ -13,7 +13,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 import redis.asyncio
@@ -23,7 +23,7 @@ import redis.cluster
 import redis.connection
 from redis.exceptions import ResponseError
 
-from django_redislua import lean, metrics
+from django_redislua import exchange, lean, metrics
 from django_redislua.conf import on_change_first
 from django_redislua.connection import (
     CLIENT_ERRORS,
@@ -32,34 +32,6 @@ from django_redislua.connection import (
     on_throwaway_loop,
 )
 from django_redislua.drivers import Step, adrive, adrive_step, keep_running
-from django_redislua.protocol import (
-    Call,
-    Clustered,
-    Command,
-    Execute,
-    Failed,
-    Inbox,
-    Invoke,
-    Join,
-    Listen,
-    Load,
-    Mailbox,
-    Now,
-    Pause,
-    Protocol,
-    Refresh,
-    Send,
-    Spawn,
-    Subscribe,
-    Unsubscribe,
-    call,
-    unsent,
-)
-
-if TYPE_CHECKING:
-    from django_redislua.scripts import Script
-
-from django_redislua import exchange
 from django_redislua.exchange import (
     OPEN_ERRORS,
     Connection,
@@ -71,6 +43,30 @@ from django_redislua.exchange import (
     flatten_replies,
     regroup,
     unsupported,
+)
+from django_redislua.protocol import (
+    Call,
+    Clustered,
+    Command,
+    Execute,
+    Failed,
+    Inbox,
+    Invoke,
+    Join,
+    Listen,
+    Load,
+    LuaScript,
+    Mailbox,
+    Now,
+    Pause,
+    Protocol,
+    Refresh,
+    Send,
+    Spawn,
+    Subscribe,
+    Unsubscribe,
+    call,
+    unsent,
 )
 from django_redislua.transport import (
     REDIS_OPERATIONS,
@@ -103,7 +99,7 @@ class AsyncTransport:
     def perform_call(self, op: Call) -> Any:
         return adrive(call(op.script, op.command), self)
 
-    def call(self, script: Script, command: Command) -> Any:
+    def call(self, script: LuaScript, command: Command) -> Any:
         return adrive(call(script, command), self)
 
     def send(self, op: Send) -> Any:
@@ -387,7 +383,7 @@ class AsyncUnbuilt(AsyncTransport):
             return get_async_transport().perform(operation)
         return super().perform(operation)
 
-    def call(self, script: Script, command: Command) -> Any:
+    def call(self, script: LuaScript, command: Command) -> Any:
         return get_async_transport().call(script, command)
 
 

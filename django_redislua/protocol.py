@@ -33,17 +33,26 @@ import weakref
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Protocol as Interface
 
 from django_redislua.failures import families
 
 if TYPE_CHECKING:
     from redis.exceptions import AskError
 
-    from django_redislua.scripts import Script
-
 T = TypeVar("T")
 Command = tuple[Any, ...]
 KeyArg = str | bytes
+
+
+class LuaScript(Interface):
+    """What a protocol and a transport need of a script: its name (a Function's, a metric's
+    label) and the command that loads it. :class:`django_redislua.scripts.Script` is one; the
+    protocols do not import it (it calls a transport, which runs protocols)."""
+
+    name: str
+
+    def load_command(self) -> tuple[str, ...]: ...
 
 
 # -- the operations ------------------------------------------------------------------------------
@@ -54,7 +63,7 @@ class Call:
     the number of keys, the keys, the arguments), sent once (see :func:`call_groups`).
     Produces its reply; an error reply is raised into the protocol."""
 
-    script: Script
+    script: LuaScript
     command: Command
 
 
@@ -305,12 +314,12 @@ def missing(reply: object) -> bool:
         isinstance(reply, known.response) and "function not found" in str(reply).lower())
 
 
-def call(script: Script, command: Command, loaded_first: bool = False) -> Protocol[Any]:
+def call(script: LuaScript, command: Command, loaded_first: bool = False) -> Protocol[Any]:
     """What performing a :class:`Call` means, for transports without a shorter way."""
     return (yield from call_groups(script, [command], loaded_first=loaded_first))[0]
 
 
-def call_groups(script: Script, commands: Sequence[Command], after: Command | None = None,
+def call_groups(script: LuaScript, commands: Sequence[Command], after: Command | None = None,
                 loaded_first: bool = False) -> Protocol[list[Any]]:
     """:func:`_call_groups`, each failure counted in ``redislua_redis_errors_total``."""
     try:
@@ -320,7 +329,7 @@ def call_groups(script: Script, commands: Sequence[Command], after: Command | No
         raise
 
 
-def _call_groups(script: Script, commands: Sequence[Command], after: Command | None,
+def _call_groups(script: LuaScript, commands: Sequence[Command], after: Command | None,
                  loaded_first: bool) -> Protocol[list[Any]]:
     """Several script calls, each routed by its first key and sent once; on a cluster every
     node's share is written before any reply is read (one round trip per node, overlapped).
@@ -393,7 +402,7 @@ def _first_key(command: Command) -> KeyArg | None:
     return command[3] if command[2] else None
 
 
-def _asking(script: Script, command: Command, after: Command | None, ask: AskError
+def _asking(script: LuaScript, command: Command, after: Command | None, ask: AskError
             ) -> Protocol[Any]:
     """Send one call to the node an ASK redirect names, after ``ASKING``, on one connection
     (the script loaded first when it is missing there)."""
@@ -414,7 +423,7 @@ def _refresh_quietly() -> Protocol[None]:
         yield Refresh()
 
 
-def call_replicated(script: Script, command: Command, replicas: int, timeout_ms: int
+def call_replicated(script: LuaScript, command: Command, replicas: int, timeout_ms: int
                     ) -> Protocol[tuple[Any, int]]:
     """The script call, then ``WAIT replicas timeout_ms`` on the same connection (WAIT counts
     the writes of its own connection) in the same write: ``(reply, replicas that acknowledged

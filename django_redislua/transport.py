@@ -43,7 +43,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 import redis.asyncio
@@ -53,42 +53,13 @@ import redis.cluster
 import redis.connection
 from redis.exceptions import ResponseError
 
-from django_redislua import lean, metrics
+from django_redislua import exchange, lean, metrics
 from django_redislua.conf import on_change_first
 from django_redislua.connection import (
     CLIENT_ERRORS,
     get_client,
 )
 from django_redislua.drivers import Step, drive, drive_step
-from django_redislua.protocol import (
-    Call,
-    Clustered,
-    Command,
-    Execute,
-    Failed,
-    Inbox,
-    Invoke,
-    Join,
-    Listen,
-    Load,
-    Mailbox,
-    Now,
-    Pause,
-    Protocol,
-    Refresh,
-    Send,
-    Spawn,
-    Subscribe,
-    Unsubscribe,
-    call,
-    missing,
-    unsent,
-)
-
-if TYPE_CHECKING:
-    from django_redislua.scripts import Script
-
-from django_redislua import exchange
 from django_redislua.exchange import (
     Connection,
     PoolSource,
@@ -101,6 +72,31 @@ from django_redislua.exchange import (
     regroup,
     unsupported,
     written,
+)
+from django_redislua.protocol import (
+    Call,
+    Clustered,
+    Command,
+    Execute,
+    Failed,
+    Inbox,
+    Invoke,
+    Join,
+    Listen,
+    Load,
+    LuaScript,
+    Mailbox,
+    Now,
+    Pause,
+    Protocol,
+    Refresh,
+    Send,
+    Spawn,
+    Subscribe,
+    Unsubscribe,
+    call,
+    missing,
+    unsent,
 )
 
 # -- sync ----------------------------------------------------------------------------------------
@@ -160,7 +156,7 @@ class Transport:
     def perform_call(self, op: Call) -> Any:
         return self.call(op.script, op.command)
 
-    def call(self, script: Script, command: Command) -> Any:
+    def call(self, script: LuaScript, command: Command) -> Any:
         """One script call's reply; an error reply raises (see :class:`protocol.Call`)."""
         return drive(call(script, command), self)
 
@@ -306,7 +302,7 @@ class ServerTransport(Transport):
         finally:
             source.give(conn)
 
-    def call(self, script: Script, command: Command) -> Any:
+    def call(self, script: LuaScript, command: Command) -> Any:
         """The hot path of a decision: one exchange; the protocol's way only when the script
         is missing there (then it is loaded and the call sent again)."""
         try:
@@ -503,7 +499,7 @@ class Unbuilt(Transport):
             return get_transport().perform(operation)
         return super().perform(operation)
 
-    def call(self, script: Script, command: Command) -> Any:
+    def call(self, script: LuaScript, command: Command) -> Any:
         return get_transport().call(script, command)
 
 

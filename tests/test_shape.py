@@ -54,24 +54,18 @@ def async_with_control_flow() -> list[str]:
 
 
 def imports() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports, at module level or inside functions (an
-    import deferred into a function to dodge a cycle is a cycle all the same); imports only
-    for type checking (``if TYPE_CHECKING:``) do not count. The root package (whose
-    ``__init__`` imports nothing eagerly) is left out."""
+    """Module -> the package's modules it imports, at module level, inside functions (an
+    import deferred into a function to dodge a cycle is a cycle all the same) or for type
+    checking only (``if TYPE_CHECKING:``: two modules that must be read together to be
+    understood are knotted, whatever runs first). The root package (whose ``__init__``
+    imports nothing eagerly) is left out."""
     known = modules()
     graph: dict[str, set[str]] = {}
     for name, path in known.items():
         tree = ast.parse(path.read_text())
-        typing_only = {
-            id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
-            and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-            for inner in ast.walk(node)
-        }
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets: set[str] = set()
         for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -123,10 +117,17 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return groups
 
 
+# The one knot left (issue 36): Policy delegates its hit/peek to the engine, and the engine, the
+# denial cache and Decision read Policy's fields (type-only imports). Untying it means a
+# policy's data apart from its methods; until then no other cycle may appear.
+KNOWN_KNOTS = [["django_redislua.limiting.decision", "django_redislua.limiting.denials",
+                "django_redislua.limiting.engine", "django_redislua.limiting.policy"]]
+
+
 def test_no_import_cycle() -> None:
     found = cycles(imports())
     print(f"\nimport cycles in the package: {len(found)}")
-    assert found == []
+    assert found == KNOWN_KNOTS
 
 
 def test_asyncio_code_only_drives_protocols() -> None:
