@@ -46,8 +46,8 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from django_redislua import Policy
-from django_redislua.connection import REDIS_CACHE_BACKENDS
 from django_redislua.decorators import ratelimit
+from django_redislua.endpoints import REDIS_CACHE_BACKENDS
 from django_redislua.functions import load_scripts
 from django_redislua.limiting import evaluate, get_policy
 from django_redislua.locks import Lock
