@@ -28,7 +28,8 @@ from django_redislua.connection import CLIENT_ERRORS, primary_nodes
 from django_redislua.discovery import PolicyInUse, policies_in_use
 from django_redislua.keys import DRF_SCOPE_KEY
 from django_redislua.limiting import inspect
-from django_redislua.limiting.policy import Policy, overrides_key
+from django_redislua.limiting.definition import overrides_key
+from django_redislua.limiting.policy import Policy
 from django_redislua.limiting.rates import RateError
 from django_redislua.limiting.registry import get_policy
 from django_redislua.locks import inspect as locks_inspect

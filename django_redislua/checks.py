@@ -16,7 +16,8 @@ from django.core.checks import CheckMessage, Error, Info, Tags, Warning, registe
 
 from django_redislua.conf import DEFAULTS, SCHEMA
 from django_redislua.exchange import ASYNC_CLUSTER_PUBSUB, POLL_INTERVAL
-from django_redislua.limiting.policy import POLICY_OPTIONS, PolicyError
+from django_redislua.limiting.decision import PolicyError
+from django_redislua.limiting.definition import POLICY_OPTIONS
 from django_redislua.limiting.registry import broken_in_settings, build_policy
 from django_redislua.links import check_url
 from django_redislua.request_layer import rule_for_name

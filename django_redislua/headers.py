@@ -24,7 +24,8 @@ import math
 from collections.abc import Sequence
 
 from django_redislua.conf import settings
-from django_redislua.limiting.policy import WINDOW_ALGORITHMS, Decision
+from django_redislua.limiting.decision import Decision
+from django_redislua.limiting.definition import WINDOW_ALGORITHMS
 
 # draft-ietf-httpapi-ratelimit-headers-11, section 3.1.2: the quota unit of a concurrency limit.
 CONCURRENT_REQUESTS = "concurrent-requests"

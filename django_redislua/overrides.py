@@ -45,9 +45,10 @@ from django_redislua.connection import get_client, primary_nodes
 from django_redislua.keys import identity_for, user_identity
 from django_redislua.limiting import clock, denials
 from django_redislua.limiting.decision import ALLOW, BLOCK, RATE
+from django_redislua.limiting.definition import OVERRIDES, overrides_key
 from django_redislua.limiting.identity import bound_identity, is_bound
 from django_redislua.limiting.inspect import glob_escape
-from django_redislua.limiting.policy import OVERRIDES, Policy, overrides_key
+from django_redislua.limiting.policy import Policy
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.limiting.registry import UnknownPolicy, get_policy
 from django_redislua.recipes.base import Op, arun, run

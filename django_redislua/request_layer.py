@@ -42,6 +42,7 @@ from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.headers import rate_limit_headers
 from django_redislua.keys import KeyFunc, key_function, normalized
 from django_redislua.limiting.decision import Decision, PolicyError, RateLimited
+from django_redislua.limiting.definition import PolicyDefinition, RateCallableError, check_cost
 from django_redislua.limiting.engine import (
     Check,
     PartlyDecided,
@@ -49,7 +50,7 @@ from django_redislua.limiting.engine import (
     metric_result,
     releasing,
 )
-from django_redislua.limiting.policy import Policy, RateCallableError, check_cost
+from django_redislua.limiting.policy import Policy
 from django_redislua.limiting.refund import Refund, refunding, refunds_of
 from django_redislua.limiting.registry import get_policy
 from django_redislua.problem import quota_exceeded_response
@@ -88,7 +89,7 @@ class Rule:
         """
         if self.methods is not None and request.method not in self.methods:
             return None
-        policy = self.policy
+        policy: PolicyDefinition = self.policy
         if policy.is_dynamic:
             try:
                 resolved = policy.resolved_for(request)
@@ -457,7 +458,7 @@ def unavailable_response() -> HttpResponseBase:
 
 
 # -- count_failures ------------------------------------------------------------------------------
-def failed(policy: Policy, request: Any, response: HttpResponseBase) -> bool:
+def failed(policy: PolicyDefinition, request: Any, response: HttpResponseBase) -> bool:
     """Whether ``response`` is a failure by ``policy``'s ``count_failures``: its statuses, or
     what its callable says of ``(request, response)`` (the request the layer has: DRF's on a
     DRF view). A 5xx always is: the view raised (the middleware sees a view's exception as a

@@ -21,8 +21,8 @@ from django_redislua import get_policy
 from django_redislua.admin import _readable, duration, relative
 from django_redislua.connection import primary_nodes
 from django_redislua.limiting import inspect
+from django_redislua.limiting.definition import ALGORITHMS
 from django_redislua.limiting.inspect import PACKED
-from django_redislua.limiting.policy import ALGORITHMS
 from django_redislua.locks import Lock
 from django_redislua.models import RedisLua
 

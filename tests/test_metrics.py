@@ -43,7 +43,7 @@ from django_redislua.compat import Ratelimited, get_usage, is_ratelimited
 from django_redislua.compat import ratelimit as compat_ratelimit
 from django_redislua.decorators import ratelimit
 from django_redislua.limiting import Policy, evaluate
-from django_redislua.limiting.policy import ALGORITHMS
+from django_redislua.limiting.definition import ALGORITHMS
 from django_redislua.locks import (
     LeaseLost,
     Lock,

@@ -150,7 +150,7 @@ def test_star_refuses_a_request_it_cannot_key(user: Any) -> None:
 
 def test_an_override_stored_before_the_check_can_still_be_read_and_cleared() -> None:
     from django_redislua.connection import get_client
-    from django_redislua.limiting.policy import overrides_key
+    from django_redislua.limiting.definition import overrides_key
 
     # what the old code stored for overrides.allow("per-user", "42")
     get_client().hset(overrides_key("42"), "per-user", f"a|{(time.time() + 3600) * 1e6:.0f}")

@@ -19,7 +19,7 @@ from django_redislua import Policy, overrides
 from django_redislua.connection import get_client, primary_nodes
 from django_redislua.limiting import clock, denials, evaluate
 from django_redislua.limiting.decision import ALLOW, BLOCK, RATE
-from django_redislua.limiting.policy import overrides_key
+from django_redislua.limiting.definition import overrides_key
 from django_redislua.testing import CommandRecorder
 from tests import reference_models as ref
 from tests import test_engine_properties as properties

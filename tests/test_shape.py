@@ -117,17 +117,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return groups
 
 
-# The one knot left (issue 36): Policy delegates its hit/peek to the engine, and the engine, the
-# denial cache and Decision read Policy's fields (type-only imports). Untying it means a
-# policy's data apart from its methods; until then no other cycle may appear.
-KNOWN_KNOTS = [["django_redislua.limiting.decision", "django_redislua.limiting.denials",
-                "django_redislua.limiting.engine", "django_redislua.limiting.policy"]]
-
-
 def test_no_import_cycle() -> None:
     found = cycles(imports())
     print(f"\nimport cycles in the package: {len(found)}")
-    assert found == KNOWN_KNOTS
+    assert found == []
 
 
 def test_asyncio_code_only_drives_protocols() -> None:

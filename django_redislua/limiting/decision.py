@@ -1,22 +1,16 @@
 """What a rate decision says (:class:`Decision`), what a denied request raises
-(:class:`RateLimited`), and what a misconfigured policy raises (:class:`PolicyError`). No I/O,
-no imports of the package: every layer may use these."""
+(:class:`RateLimited`), and what a misconfigured policy raises (:class:`PolicyError`, from
+:mod:`~django_redislua.limiting.errors`). No I/O: every layer may use these."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+from django_redislua.limiting.errors import PolicyError as PolicyError
+
 if TYPE_CHECKING:
-    from django_redislua.limiting.policy import Policy
-
-
-class PolicyError(ValueError):
-    """A policy is misconfigured. ``check_id`` is the system check that reports it."""
-
-    def __init__(self, check_id: str, message: str) -> None:
-        super().__init__(message)
-        self.check_id = check_id
+    from django_redislua.limiting.definition import PolicyDefinition
 
 
 # What a live override (django_redislua.overrides) did to a Decision: it was refused (BLOCK) or
@@ -33,7 +27,7 @@ class Decision(NamedTuple):
     remaining: int
     reset_after: float
     retry_after: float
-    policy: Policy
+    policy: PolicyDefinition
     key: str | bytes | int = ""
     lease: str | None = None
     local: bool = False  # answered by this process's denial cache, without a round trip

@@ -38,7 +38,7 @@ from django_redislua.limiting import clock as decision_clock
 from django_redislua.limiting.decision import RATE, Decision
 
 if TYPE_CHECKING:
-    from django_redislua.limiting.policy import Policy
+    from django_redislua.limiting.definition import PolicyDefinition
 
 # A denial is answered locally for 1 s at most: a reset elsewhere waits no longer.
 HORIZON_US = 1_000_000
@@ -56,7 +56,7 @@ Entry = tuple[int, int, int, int, int, int, tuple[int, int, str], str | None, in
 _entries: dict[str, Entry] = {}
 
 
-def answer(key: str, cost: int, now: int, policy: Policy,
+def answer(key: str, cost: int, now: int, policy: PolicyDefinition,
            identity: str | bytes | int) -> Decision | None:
     """The local denial for ``cost`` at ``now``, or None to ask Redis."""
     entry = _entries.get(key)
@@ -69,7 +69,7 @@ def answer(key: str, cost: int, now: int, policy: Policy,
                     (lifted - now) / US, policy, identity, None, True, override)
 
 
-def learn(key: str, cost: int, sent: int, policy: Policy, reply: Sequence[int],
+def learn(key: str, cost: int, sent: int, policy: PolicyDefinition, reply: Sequence[int],
           consumed: bool, by: str | None = None) -> None:
     """What Redis answered a hit of ``cost`` on ``key`` (its reply: allowed, remaining,
     reset_after us, retry_after us), for a request sent at ``sent``: a denial is remembered;
@@ -83,7 +83,7 @@ def learn(key: str, cost: int, sent: int, policy: Policy, reply: Sequence[int],
         _entries.pop(key, None)
 
 
-def _record(key: str, cost: int, sent: int, policy: Policy, reply: Sequence[int],
+def _record(key: str, cost: int, sent: int, policy: PolicyDefinition, reply: Sequence[int],
             by: str | None) -> None:
     if policy.code == "cc" or not settings.LOCAL_DENY:
         return

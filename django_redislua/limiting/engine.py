@@ -44,9 +44,9 @@ from django_redislua.scripts import Script, get_script
 from django_redislua.transport import current, run, transport_for
 
 if TYPE_CHECKING:
-    from django_redislua.limiting.policy import Policy
+    from django_redislua.limiting.definition import PolicyDefinition
 
-Check = tuple["Policy", str | bytes | int, int]
+Check = tuple["PolicyDefinition", str | bytes | int, int]
 US = 1_000_000.0
 NEVER = math.inf  # retry_after of a denial no wait can lift (a zero rate, a cost above capacity)
 SCRIPT = "django_redislua.ratelimit"
@@ -59,7 +59,7 @@ def _nonce() -> str:
     return os.urandom(8).hex()
 
 
-def _validate(policy: Policy, cost: int) -> None:
+def _validate(policy: PolicyDefinition, cost: int) -> None:
     if policy._rate_callable is not None:
         raise PolicyError(
             "redislua.E006",
@@ -71,24 +71,24 @@ def _validate(policy: Policy, cost: int) -> None:
         raise ValueError(f"policy {policy.name!r}: a concurrency slot costs 1")
 
 
-def _doomed(policy: Policy, cost: int) -> bool:
+def _doomed(policy: PolicyDefinition, cost: int) -> bool:
     """True when no wait can admit it: a zero rate, or a cost above the policy's capacity."""
     return cost > policy.limit
 
 
-def _denied(policy: Policy, identity: str | bytes | int) -> Decision:
+def _denied(policy: PolicyDefinition, identity: str | bytes | int) -> Decision:
     """The denial of a check no wait can admit (see :func:`_doomed`)."""
     return Decision(False, policy.limit, policy.limit, 0.0, NEVER, policy, identity)
 
 
-def _extra(policy: Policy) -> Any:
+def _extra(policy: PolicyDefinition) -> Any:
     """The script's per-policy "extra" argument: a fresh id for a concurrency lease, the
     bucket's interval denominator, or "" (the window algorithms)."""
     return _nonce() if policy.code == "cc" else policy.extra
 
 
 def _lease_given_back(failure: BaseException, key: str, lease: str,
-                      policy: Policy) -> Protocol[None]:
+                      policy: PolicyDefinition) -> Protocol[None]:
     """A concurrency hit whose reply never came may hold a slot nobody will release: it is
     given back by its lease id (a second ZREM changes nothing)."""
     giving_back = retried(lambda: _removed(key, lease), time.monotonic() + (policy.timeout or 0))
@@ -111,7 +111,7 @@ class _One:
     __slots__ = ("command", "cost", "decided", "extra", "identity", "key", "peek", "policy",
                  "script", "sent", "sinks", "started")
 
-    def __init__(self, policy: Policy, identity: str | bytes | int, cost: int, peek: bool,
+    def __init__(self, policy: PolicyDefinition, identity: str | bytes | int, cost: int, peek: bool,
                  now_us: int | None, sinks: tuple[metrics.Sink, ...] = ()) -> None:
         self.policy, self.identity, self.cost, self.peek = policy, identity, cost, peek
         self.decided: Decision | None = None
@@ -209,7 +209,7 @@ def _retry(retry_us: int) -> float:
     return NEVER if retry_us < 0 else retry_us / US
 
 
-def _single_call(policy: Policy) -> tuple[int, Script, tuple[Any, ...]]:
+def _single_call(policy: PolicyDefinition) -> tuple[int, Script, tuple[Any, ...]]:
     """The script a single check of ``policy`` runs (its algorithm's own, see SCRIPT_ONE) and
     the command up to the keys (``("EVALSHA", sha, 2)``), cached on the policy with the settings
     generation (the head follows USE_FUNCTIONS). Only what the algorithm code and the settings
@@ -241,7 +241,7 @@ class _Plan:
         self.sent = denials.clock(now_us)
         by_key: dict[str, int] = {}
         self.index: list[int] = []  # check i -> its unique check
-        unique: list[tuple[Policy, str | bytes | int, int, bool, str]] = []
+        unique: list[tuple[PolicyDefinition, str | bytes | int, int, bool, str]] = []
         overrides: dict[str, str] = {}  # state key -> its identity's override hash
         for i, (policy, identity, cost) in enumerate(checks):
             _validate(policy, cost)
@@ -304,7 +304,7 @@ class _Plan:
         """The failure to raise when Redis failed once the gate was already closed."""
         return PartlyDecided([self.known[j] for j in self.index], cause)
 
-    def leases(self) -> list[tuple[Policy, str, str]]:
+    def leases(self) -> list[tuple[PolicyDefinition, str, str]]:
         """``(policy, key, lease)`` of every concurrency hit sent (a lost reply may hold it)."""
         if self.peek:
             return []
@@ -470,7 +470,7 @@ def _async_transport(client: Any) -> Any:
 
 
 def decide(
-    policy: Policy, identity: str | bytes | int, cost: int, *, peek: bool = False,
+    policy: PolicyDefinition, identity: str | bytes | int, cost: int, *, peek: bool = False,
     now_us: int | None = None, client: Any = None,
 ) -> Decision:
     """One check: :func:`evaluate` of ``[(policy, identity, cost)]``, without the list."""
@@ -482,7 +482,7 @@ def decide(
 
 
 async def adecide(
-    policy: Policy, identity: str | bytes | int, cost: int, *, peek: bool = False,
+    policy: PolicyDefinition, identity: str | bytes | int, cost: int, *, peek: bool = False,
     now_us: int | None = None, client: Any = None,
 ) -> Decision:
     """The asyncio twin of :func:`decide`."""
@@ -490,14 +490,14 @@ async def adecide(
     return cast(Decision, await adrive_step(one, _async_transport(client)))
 
 
-def resetting(policy: Policy, identity: str | bytes | int) -> Protocol[bool]:
+def resetting(policy: PolicyDefinition, identity: str | bytes | int) -> Protocol[bool]:
     """Forget ``identity``'s state under ``policy``; False when there was none."""
     state = policy.redis_key(identity)
     denials.forget(state)
     return bool((yield Execute(("DEL", state))))
 
 
-def releasing(policy: Policy, identity: str | bytes | int, decision: Decision
+def releasing(policy: PolicyDefinition, identity: str | bytes | int, decision: Decision
               ) -> Protocol[None]:
     """Give back the concurrency slot ``decision`` took (by its lease id: twice is harmless)."""
     if decision.lease is not None:
@@ -508,7 +508,7 @@ class Slot:
     """``with policy.slot(key):`` / ``async with policy.aslot(key):``: a concurrency slot held
     for the block; RateLimited (with the Decision) when none is free."""
 
-    def __init__(self, policy: Policy, identity: str | bytes | int) -> None:
+    def __init__(self, policy: PolicyDefinition, identity: str | bytes | int) -> None:
         self.policy, self.identity = policy, identity
         self.decision: Decision | None = None
 
@@ -537,11 +537,11 @@ class Slot:
         return arun(self._leaving())
 
 
-def slot(policy: Policy, identity: str | bytes | int
+def slot(policy: PolicyDefinition, identity: str | bytes | int
          ) -> contextlib.AbstractContextManager[Decision]:
     return Slot(policy, identity)
 
 
-def aslot(policy: Policy, identity: str | bytes | int) -> Slot:
+def aslot(policy: PolicyDefinition, identity: str | bytes | int) -> Slot:
     return Slot(policy, identity)
 

@@ -27,14 +27,10 @@ from redis.exceptions import NoScriptError
 from django_redislua.conf import settings
 from django_redislua.connection import get_client, primary_nodes
 from django_redislua.limiting import denials
+from django_redislua.limiting.decision import PolicyError
+from django_redislua.limiting.definition import ALGORITHMS, MAX_RATE_TEXT, overrides_key
 from django_redislua.limiting.identity import bound_identity
-from django_redislua.limiting.policy import (
-    ALGORITHMS,
-    MAX_RATE_TEXT,
-    Policy,
-    PolicyError,
-    overrides_key,
-)
+from django_redislua.limiting.policy import Policy
 from django_redislua.limiting.registry import get_policy
 from django_redislua.scripts import Script, get_script, registry
 

@@ -10,7 +10,9 @@ import threading
 from typing import Any
 
 from django_redislua.conf import on_change, settings
-from django_redislua.limiting.policy import POLICY_OPTIONS, Policy, PolicyError
+from django_redislua.limiting.decision import PolicyError
+from django_redislua.limiting.definition import POLICY_OPTIONS
+from django_redislua.limiting.policy import Policy
 
 
 class UnknownPolicy(PolicyError, KeyError):

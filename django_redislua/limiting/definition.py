@@ -1,0 +1,468 @@
+"""What a policy is: its name, rate, algorithm, cost and options, parsed and checked, and the
+Redis keys it decides on (:class:`PolicyDefinition`). Deciding is :class:`~django_redislua.
+limiting.policy.Policy`'s, over the engine: the engine, the denial cache and a Decision read a
+definition and never import Policy. No Django request in here."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, Self, TypeVar
+
+from django.utils.module_loading import import_string
+
+from django_redislua import conf
+from django_redislua.conf import settings
+from django_redislua.limiting.errors import PolicyError
+from django_redislua.limiting.identity import bound_identity
+from django_redislua.limiting.rates import Rate, RateError, parse_duration, parse_rate
+
+ALGORITHMS = {
+    "fixed_window": "fw",
+    "sliding_log": "sl",
+    "sliding_window": "sw",
+    "token_bucket": "tb",
+    "leaky_bucket": "lb",
+    "gcra": "gc",
+    "concurrency": "cc",
+}
+WINDOW_ALGORITHMS = frozenset({"fixed_window", "sliding_log", "sliding_window"})
+BUCKET_ALGORITHMS = frozenset({"token_bucket", "leaky_bucket", "gcra"})
+DEFAULT_ALGORITHM = "sliding_window"
+DEFAULT_CONCURRENCY_TIMEOUT = 60.0
+# Options a policy in REDISLUA["POLICIES"] may have. `key`, `methods` and `block` are read by the
+# Django layers; the core stores them untouched.
+POLICY_OPTIONS = frozenset(
+    {"algorithm", "rate", "burst", "limit", "timeout", "key", "methods", "cost", "block", "mode",
+     "fallback_rate", "normalize", "count_failures"}
+)
+# "enforce": the Django layers deny what the policy denies. "shadow": decided, counted and
+# signalled exactly the same, but never blocks a request and sets no headers (a dry run).
+ENFORCE, SHADOW = "enforce", "shadow"
+MODES = (ENFORCE, SHADOW)
+
+RateSpec = str | Callable[..., str | None] | None
+# count_failures: True (4xx), status codes, or a callable (request, response) -> bool (or its
+# dotted path); as a Policy holds it, the statuses or the callable.
+CountFailures = bool | Sequence[int] | Callable[..., Any] | str | None
+FailureRule = frozenset[int] | Callable[..., Any]
+CLIENT_ERROR_STATUSES = frozenset(range(400, 500))
+# The shortest window period count_failures takes (half of it locates a refund's hit).
+MIN_REFUND_PERIOD_US = 1_000_000
+# What a rate callable's dotted path looks like ("myapp.limits.rate_for"), unlike "5 per minute".
+_DOTTED_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+# Integers above 2^53 are not exact in a Lua number (a double): the scripts' bucket arithmetic
+# (capacity times the interval numerator) must stay well below it.
+MAX_EXACT = 2**53
+# The key kind of an identity's live overrides (django_redislua.overrides): one hash per
+# identity, "<KEY_PREFIX>:ov:{<identity>}", in the slot of the identity's state keys.
+OVERRIDES = "ov"
+# The key kind of the rate a rate callable last gave an identity (see Policy.rate_key): two
+# letters, none of ALGORITHMS' codes, so never read as a state key.
+RATE_KEPT = "rt"
+MAX_RATE_TEXT = 40  # characters of a kept rate's text ("1000/h"): a bound, never reached
+
+
+def overrides_key(tag: str) -> str:
+    """The override hash of the identity whose hash tag (:func:`bound_identity`) is ``tag``."""
+    return f"{settings.KEY_PREFIX}:{OVERRIDES}:{{{tag}}}"
+
+
+def _positive_int(value: object, check_id: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PolicyError(check_id, f"{what} must be a whole number of at least 1, not {value!r}")
+    return value
+
+
+def resolve_callable(spec: object, check_id: str, what: str) -> Callable[..., Any]:
+    """A callable, or the callable at a dotted path."""
+    if callable(spec):
+        return spec
+    if isinstance(spec, str):
+        try:
+            target = import_string(spec)
+        except ImportError as exc:
+            raise PolicyError(check_id, f"{what} {spec!r} cannot be imported: {exc}") from exc
+        if callable(target):
+            return target  # type: ignore[no-any-return]
+    raise PolicyError(check_id, f"{what} {spec!r} is not callable")
+
+
+D = TypeVar("D", bound="PolicyDefinition")
+
+
+class PolicyDefinition:
+    """A named limit, as defined: :class:`~django_redislua.limiting.policy.Policy` decides by it
+    (``hit``/``peek``/``reset``, one round trip each).
+
+    ``rate`` is ``"N/period"``; it may also be a callable ``(request) -> str | None`` or its
+    dotted path, which the Django layers resolve per request with :meth:`with_rate`.
+    """
+
+    # A policy at a rate its rate callable gave (see _derived) keeps that rate beside each
+    # identity's state (rate_key), as ``rate_record``, so the admin can peek at it.
+    keeps_rate = False
+    rate_record = ""
+    _rate_head: tuple[int, str] = (-1, "")  # (settings generation, rate_key's head)
+
+    def __init__(
+        self,
+        name: str,
+        rate: RateSpec = None,
+        algorithm: str = DEFAULT_ALGORITHM,
+        *,
+        burst: int | None = None,
+        limit: int | None = None,
+        timeout: float | str | None = None,
+        key: Any = None,
+        methods: Sequence[str] | None = None,
+        cost: int = 1,
+        block: bool = True,
+        mode: str = ENFORCE,
+        fallback_rate: str | None = None,
+        normalize: bool = False,
+        count_failures: CountFailures = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise PolicyError(
+                "redislua.E004", f"a policy name must be a non-empty string, not {name!r}"
+            )
+        if "{" in name or "}" in name:  # it would become its keys' hash tag (cluster slot)
+            raise PolicyError(
+                "redislua.E004",
+                f"policy name {name!r} must not contain braces: on a cluster, {{...}} in a key "
+                "is its hash tag, and a policy's keys are tagged with the identity",
+            )
+        if algorithm not in ALGORITHMS:
+            raise PolicyError(
+                "redislua.E005",
+                f"policy {name!r}: unknown algorithm {algorithm!r} "
+                f"(choose from {', '.join(ALGORITHMS)})",
+            )
+        if mode not in MODES:
+            raise PolicyError(
+                "redislua.E026",
+                f"policy {name!r}: mode must be {ENFORCE!r} or {SHADOW!r}, not {mode!r}",
+            )
+        self.name = name
+        self.mode = mode
+        self.shadow = mode == SHADOW
+        self.algorithm = algorithm
+        self.code = ALGORITHMS[algorithm]
+        self.key = key
+        self.methods = _methods(name, methods)
+        self.cost = _positive_int(cost, "redislua.E010", f"policy {name!r}: cost")
+        self.block = bool(block)
+        if not isinstance(normalize, bool):
+            raise PolicyError(
+                "redislua.E011", f"policy {name!r}: normalize must be True or False, not "
+                f"{normalize!r:.40}")
+        self.normalize = normalize
+        # Which responses are failures (the Django layers give every other admitted hit back,
+        # see limiting/refund.py): statuses, or a callable (request, response) -> bool; None:
+        # every request counts.
+        self.count_failures = _count_failures(name, algorithm, count_failures)
+        self.fallback_rate: str | None = None
+        self.rate_spec: RateSpec = rate
+        self.rate: Rate | None = None
+        self.timeout: float | None = None
+        self.burst: int | None = None
+        self.extra = ""  # the script's per-policy "extra" argument, where the algorithm has one
+        self._rate_callable: Callable[..., str | None] | None = None
+        # (settings generation, "<KEY_PREFIX>:<name>:<code>:{", "<KEY_PREFIX>:ov:{"): see
+        # redis_key and redis_keys
+        self._key_head: tuple[int, str, str] = (-1, "", "")
+        # The engine's cache of what a single check sends (engine._single_call).
+        self._single_call: tuple[int, Any, tuple[Any, ...]] = (-1, None, ())
+
+        if algorithm == "concurrency":
+            if limit is None:
+                raise PolicyError(
+                    "redislua.E010", f"policy {name!r}: a concurrency policy needs `limit`"
+                )
+            self.limit = _positive_int(limit, "redislua.E010", f"policy {name!r}: limit")
+            if self.cost != 1:
+                raise PolicyError(
+                    "redislua.E010", f"policy {name!r}: a concurrency slot costs 1, not {cost}"
+                )
+            try:
+                self.timeout = parse_duration(
+                    DEFAULT_CONCURRENCY_TIMEOUT if timeout is None else timeout
+                )
+            except RateError as exc:
+                raise PolicyError("redislua.E009", f"policy {name!r}: timeout: {exc}") from None
+            self.param = round(self.timeout * 1_000_000)
+            return
+        if limit is not None:
+            raise PolicyError(
+                "redislua.E010", f"policy {name!r}: `limit` is for concurrency policies; use `rate`"
+            )
+        if burst is not None:
+            if algorithm not in BUCKET_ALGORITHMS:
+                raise PolicyError(
+                    "redislua.E007",
+                    f"policy {name!r}: `burst` applies to {', '.join(sorted(BUCKET_ALGORITHMS))}, "
+                    f"not {algorithm}",
+                )
+            self.burst = _positive_int(burst, "redislua.E007", f"policy {name!r}: burst")
+        if rate is None:
+            raise PolicyError("redislua.E006", f"policy {name!r}: `rate` is required, e.g. '10/m'")
+        if isinstance(rate, str) and "/" in rate:
+            try:
+                self._set_rate(parse_rate(rate))
+            except RateError as exc:
+                raise PolicyError("redislua.E006", f"policy {name!r}: {exc}") from None
+        elif isinstance(rate, str) and not _DOTTED_PATH.fullmatch(rate):
+            raise PolicyError(
+                "redislua.E006",
+                f"policy {name!r}: rate {rate!r} is not a rate (nor the dotted path of a rate "
+                f"callable): write \"N/unit\" such as \"5/m\", \"100/10s\" or \"1000/day\"",
+            )
+        else:
+            self._rate_callable = resolve_callable(rate, "redislua.E006", f"policy {name!r}: rate")
+            self.limit = 0
+            self.param = 0
+            if fallback_rate is not None:
+                self.fallback_rate = fallback_rate
+                _derived(self, fallback_rate)  # a PolicyError (E006) now, not per request
+            return
+        if fallback_rate is not None:
+            raise PolicyError(
+                "redislua.E006",
+                f"policy {name!r}: fallback_rate is the rate a rate callable's mistake falls back "
+                "to; this policy's rate is not a callable",
+            )
+        if (self.count_failures is not None and algorithm in WINDOW_ALGORITHMS
+                and self.param < MIN_REFUND_PERIOD_US):
+            # A refund finds its hit's window within half a period (ratelimit_refund.lua).
+            raise PolicyError(
+                "redislua.E030",
+                f"policy {name!r}: count_failures needs a period of at least 1 s with "
+                f"{algorithm}, not {rate}",
+            )
+
+    def _set_rate(self, rate: Rate, *, fixed: bool = True) -> None:
+        """``fixed``: the rate is the policy's own (a cost above it is a mistake), not one a
+        rate callable returned for one request (then it is a denial)."""
+        self.rate = rate
+        if rate.count == 0:  # denies everything, decided without Redis (see engine._doomed)
+            self.limit, self.param = 0, rate.period_us
+            return
+        self._set_limit(rate)
+        if fixed:
+            check_cost(self, self.cost)
+
+    def _set_limit(self, rate: Rate) -> None:
+        if self.algorithm in WINDOW_ALGORITHMS:
+            self.limit = rate.count
+            self.param = rate.period_us
+        else:
+            self.limit = self.burst if self.burst is not None else rate.count
+            # The interval between requests is exactly P / Q microseconds (the period over the
+            # count, reduced): the scripts count in 1/Q us, so 10^7/s is 1/10 us, not 1 us.
+            shared = math.gcd(rate.period_us, rate.count)
+            self.param, q = rate.period_us // shared, rate.count // shared
+            self.extra = str(q)
+            if self.limit * self.param > MAX_EXACT // 4:
+                raise PolicyError(
+                    "redislua.E007",
+                    f"policy {self.name!r}: a burst of {self.limit} at {rate} is beyond what the "
+                    "bucket can count exactly; use a smaller burst or a rate that divides its "
+                    "period evenly",
+                )
+
+    def __repr__(self) -> str:
+        what = self.rate or self.rate_spec if self.algorithm != "concurrency" else self.limit
+        shadow = " shadow" if self.shadow else ""
+        return f"<Policy {self.name} {self.algorithm} {what}{shadow}>"
+
+    @property
+    def interval_us(self) -> float:
+        """Microseconds between two requests at the policy's rate (buckets); the period for the
+        window algorithms, the lease timeout for concurrency."""
+        if self.code in ("tb", "lb", "gc") and self.extra:
+            return self.param / int(self.extra)
+        return float(self.param)
+
+    @property
+    def is_dynamic(self) -> bool:
+        """True when the rate is a callable resolved per request (see :meth:`with_rate`)."""
+        return self._rate_callable is not None
+
+    def rate_for(self, *args: Any) -> str | None:
+        """Call the rate callable (dynamic policies) or return the fixed rate string."""
+        if self._rate_callable is None:
+            return str(self.rate_spec) if self.algorithm != "concurrency" else None
+        return self._rate_callable(*args)
+
+    def resolved_for(self, *args: Any) -> Self | None:
+        """This policy at the rate its callable gives for ``args`` (a request): None when the
+        callable says unlimited (None). A mistake of the callable (it raised, or gave
+        something that is not a rate) raises :class:`RateCallableError` carrying the policy
+        at ``fallback_rate``, or None without one (the request layer then answers 503: never
+        unlimited)."""
+        try:
+            rate = self.rate_for(*args)
+        except Exception as exc:  # the callable is the user's code: any mistake of it
+            what = f"raised {type(exc).__name__}: {str(exc)[:200]}"
+            raise RateCallableError(self, what) from exc
+        if rate is None:
+            return None
+        try:
+            if not isinstance(rate, str):
+                raise RateError("not a string")
+            return self.with_rate(rate)
+        except (RateError, PolicyError) as exc:
+            what = f"returned {rate!r:.80}, which is not a rate (\"N/unit\") or None ({exc})"
+            raise RateCallableError(self, what) from None
+
+    @property
+    def callable_name(self) -> str:
+        """The rate callable's dotted name, for log lines."""
+        spec = self.rate_spec
+        if isinstance(spec, str):
+            return spec
+        return f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
+
+    def with_rate(self, rate: str) -> Self:
+        """This policy with a concrete rate (cached per rate string); same name, same keys."""
+        derived: Self = _derived(self, rate)  # of this policy's own class (see _derived)
+        return derived
+
+    def redis_key(self, identity: str | bytes | int, prefix: str | None = None) -> str:
+        """The key holding this policy's state for ``identity``.
+
+        The identity is the hash tag, so one identity's keys share a cluster slot.
+        """
+        if prefix is not None:
+            return f"{prefix}:{self.name}:{self.code}:{{{bound_identity(identity)}}}"
+        return self._heads()[1] + bound_identity(identity) + "}"
+
+    def tag_key(self, tag: str) -> str:
+        """The state key of the identity whose hash tag (:func:`bound_identity`) is ``tag``."""
+        return self._heads()[1] + tag + "}"
+
+    def redis_keys(self, identity: str | bytes | int) -> tuple[str, str]:
+        """The key of this policy's state for ``identity`` and the key of ``identity``'s
+        overrides (:mod:`django_redislua.overrides`): one hash tag, so one cluster slot."""
+        head = self._heads()
+        bound = bound_identity(identity)
+        return head[1] + bound + "}", head[2] + bound + "}"
+
+    def rate_key(self, tag: str) -> str:
+        """The key keeping the rate this policy's rate callable last gave the identity whose
+        hash tag (:func:`bound_identity`) is ``tag``: ``<KEY_PREFIX>:<name>:rt:{<tag>}``, in
+        the slot of its state. Written by the decision scripts (see ratelimit.lua)."""
+        head = self._rate_head
+        if head[0] != conf.generation:
+            head = self._rate_head = (
+                conf.generation, f"{settings.KEY_PREFIX}:{self.name}:{RATE_KEPT}:{{")
+        return head[1] + tag + "}"
+
+    def _heads(self) -> tuple[int, str, str]:
+        head = self._key_head  # every decision builds a key: the head is built once per settings
+        if head[0] != conf.generation:
+            prefix = settings.KEY_PREFIX
+            head = self._key_head = (
+                conf.generation, f"{prefix}:{self.name}:{self.code}:{{",
+                f"{prefix}:{OVERRIDES}:{{")
+        return head
+
+
+class RateCallableError(PolicyError):
+    """A policy's rate callable made a mistake for one request (it raised, or returned what is
+    not a rate). ``fallback`` is the policy at its ``fallback_rate``, or None."""
+
+    def __init__(self, policy: PolicyDefinition, what: str) -> None:
+        fallback = policy.with_rate(policy.fallback_rate) if policy.fallback_rate else None
+        then = (f"decided at its fallback_rate {policy.fallback_rate!r}" if fallback is not None
+                else "answered 503 (set the policy's fallback_rate to decide at a rate instead)")
+        super().__init__(
+            "redislua.E006",
+            f"policy {policy.name!r}: its rate callable {policy.callable_name} {what}; "
+            f"requests it covers are {then}",
+        )
+        self.policy = policy
+        self.fallback = fallback
+
+
+def _count_failures(name: str, algorithm: str, spec: object) -> FailureRule | None:
+    """The ``count_failures`` option as the Django layers read it (None: off); redislua.E030
+    when it is none of its forms, or on a concurrency policy."""
+    if spec is None or spec is False:
+        return None
+    what = f"policy {name!r}: count_failures"
+    if algorithm == "concurrency":
+        raise PolicyError(
+            "redislua.E030", f"{what} does not apply to a concurrency policy (its slot is "
+            "given back when the response is done, failed or not)")
+    if spec is True:
+        return CLIENT_ERROR_STATUSES
+    if isinstance(spec, list | tuple | set | frozenset):
+        if spec and all(type(s) is int and 100 <= s <= 599 for s in spec):
+            return frozenset(spec)
+        raise PolicyError(
+            "redislua.E030",
+            f"{what} must list HTTP status codes (100-599), such as [401, 403], not {spec!r:.60}")
+    if callable(spec) or (isinstance(spec, str) and _DOTTED_PATH.fullmatch(spec)):
+        return resolve_callable(spec, "redislua.E030", what)
+    raise PolicyError(
+        "redislua.E030",
+        f"{what} must be True (a 4xx response is a failure), a list of status codes such as "
+        f"[401], or a callable (request, response) -> bool or its dotted path, not {spec!r:.60}")
+
+
+def check_cost(policy: PolicyDefinition, cost: int) -> None:
+    """A fixed cost above a fixed, non-zero capacity could never be admitted: redislua.E010.
+
+    (A rate callable's rate is known per request only: a cost above it is then a denial that
+    no wait can lift, not an error.)"""
+    if policy.rate is not None and 0 < policy.limit < cost and not policy.is_dynamic:
+        raise PolicyError(
+            "redislua.E010",
+            f"policy {policy.name!r}: cost {cost} is above its capacity {policy.limit}, so no "
+            "request could ever be admitted",
+        )
+
+
+@functools.lru_cache(maxsize=1024)
+def _derived(policy: D, rate: str) -> D:
+    derived = type(policy).__new__(type(policy))
+    derived.__dict__.update(policy.__dict__)
+    derived._rate_callable = None
+    derived.rate_spec = rate
+    try:
+        derived._set_rate(parse_rate(rate), fixed=False)
+    except RateError as exc:
+        raise PolicyError("redislua.E006", f"policy {policy.name!r}: {exc}") from None
+    if policy.is_dynamic or policy.keeps_rate:
+        # The admin cannot know a rate its callable gives per request: each decision that
+        # consumes keeps it beside the identity's state (ratelimit.lua). A fixed-rate policy's
+        # with_rate (tests, overrides' set_rate) sends nothing more.
+        derived.keeps_rate = True
+        derived.rate_record = (f"{derived.code}|{derived.limit}|{derived.param}|{derived.extra}"
+                               f"|{str(derived.rate)[:MAX_RATE_TEXT]}")
+        derived._single_call = (-1, None, ())  # its command has one key more (engine._One)
+    return derived
+
+
+def _methods(name: str, methods: Sequence[str] | str | None) -> frozenset[str] | None:
+    if methods is None:
+        return None
+    if isinstance(methods, str):
+        methods = [methods]
+    try:
+        result = frozenset(m.upper() for m in methods)
+    except (TypeError, AttributeError):
+        raise PolicyError(
+            "redislua.E011", f"policy {name!r}: methods must be a list of HTTP method names"
+        ) from None
+    if not result or not all(m.isalpha() for m in result):
+        raise PolicyError(
+            "redislua.E011", f"policy {name!r}: methods {sorted(result)!r} are not HTTP methods"
+        )
+    return result
+
+
