@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import secrets
 import threading
 import time
@@ -75,6 +76,19 @@ from django_redislua.transport import (
 )
 
 # -- asyncio -------------------------------------------------------------------------------------
+
+logger = logging.getLogger("django_redislua")
+
+
+async def in_background(protocol: Protocol[Any], transport: AsyncTransport, name: str) -> None:
+    """The asyncio twin of :func:`django_redislua.transport.in_background`: a spawned
+    protocol's own failure is logged, not left in a task nobody awaits."""
+    try:
+        await adrive(protocol, transport)
+    except Exception:
+        logger.warning("%s failed; what it was giving back expires by itself", name,
+                       exc_info=True)
+
 
 class AsyncTransport:
     """What the asyncio driver performs: each method returns an awaitable."""
@@ -163,7 +177,8 @@ class AsyncTransport:
         return result
 
     async def spawn(self, op: Spawn) -> Spawned:
-        task = asyncio.get_running_loop().create_task(adrive(op.protocol, self))
+        task = asyncio.get_running_loop().create_task(
+            in_background(op.protocol, self, op.name))
         keep_running(task)
         return Spawned(task, op.stop)
 

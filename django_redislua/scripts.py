@@ -30,6 +30,7 @@ from django.dispatch import receiver
 from django_redislua import conf
 from django_redislua.atransport import acurrent
 from django_redislua.conf import settings
+from django_redislua.protocol import unsent
 from django_redislua.transport import current, transport_for
 
 INCLUDE = re.compile(r"^--#include\s+(\S+)\s*$", re.MULTILINE)
@@ -177,12 +178,14 @@ class Registry:
             return self.all()[name]
         except KeyError:
             if name.startswith("django_redislua.") and not apps.is_installed("django_redislua"):
-                raise AppNotInstalled(
+                # Nothing was sent: a give-back of an acquire that failed here sends nothing
+                # either (protocol.retried does not try it again).
+                raise unsent(AppNotInstalled(
                     "django_redislua is not in INSTALLED_APPS: its scripts, system checks and "
                     "admin page are only found when it is. Add \"django_redislua\" to "
                     "INSTALLED_APPS in your settings (see "
                     "https://django-redislua.readthedocs.io/en/latest/quickstart.html)."
-                ) from None
+                )) from None
             known = ", ".join(sorted(self.all())) or "none"
             raise ScriptError(f"no script named {name!r} (known: {known})") from None
 

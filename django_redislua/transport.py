@@ -38,6 +38,7 @@ runs a protocol on it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import threading
@@ -126,6 +127,21 @@ def _read_message(pubsub: Any, timeout: float) -> Any:
     if isinstance(response, list) and response and response[0] in _PUBLISHED:
         return {"type": "message", "pattern": None, "channel": response[1], "data": response[2]}
     return pubsub.handle_message(response)  # (un)subscribe confirmations: PubSub keeps count
+
+
+logger = logging.getLogger("django_redislua")
+
+
+def in_background(protocol: Protocol[Any], transport: Transport, name: str) -> None:
+    """Run a spawned ``protocol`` (a give-back, a renewal) to its end. Nobody waits for it, so
+    a failure of its own is logged, never raised into the thread (a traceback on stderr from
+    ``threading.excepthook``, and nothing in the app's logs): what it gives back expires by
+    itself."""
+    try:
+        drive(protocol, transport)
+    except Exception:
+        logger.warning("%s failed; what it was giving back expires by itself", name,
+                       exc_info=True)
 
 
 class Transport:
@@ -258,8 +274,8 @@ class Transport:
         return op.sync(*op.args)
 
     def spawn(self, op: Spawn) -> Spawned:
-        thread = threading.Thread(target=drive, args=(op.protocol, self), name=op.name,
-                                  daemon=True)
+        thread = threading.Thread(target=in_background, args=(op.protocol, self, op.name),
+                                  name=op.name, daemon=True)
         thread.start()
         return Spawned(thread, op.stop)
 

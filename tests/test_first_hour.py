@@ -10,9 +10,9 @@ reaches a request as a 500.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,7 @@ from django.test import Client, override_settings
 
 from django_redislua.decorators import ratelimit
 from django_redislua.locks import Lock, LockUnavailable
-from django_redislua.scripts import get_script
+from django_redislua.scripts import ScriptError, get_script
 
 pytestmark = pytest.mark.django_db
 
@@ -68,7 +68,32 @@ def test_a_missing_app_is_named_at_first_use() -> None:
             get_script("django_redislua.lock_acquire")
         with pytest.raises(LockUnavailable, match="INSTALLED_APPS"):
             Lock("first-hour", timeout=5).acquire()
+        # Nothing was sent, so the acquire's give-back (a thread) sends nothing and ends at
+        # once: it used to try again for the lease's 5 s and more, into the next tests, and
+        # raise there (a ScriptError in a thread, once the registry changed under it).
+        for thread in threading.enumerate():
+            if thread.name == "redislua-withdraw:first-hour":
+                thread.join(5)
+                assert not thread.is_alive()
     assert Lock("first-hour", timeout=5).acquire()  # installed again: everything works
+
+
+@pytest.mark.unit
+def test_a_background_give_back_that_fails_is_logged_not_raised(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A spawned protocol (a give-back, a renewal) has nobody to raise to: its own failure is
+    a WARNING with the traceback on the django_redislua logger, never an exception that kills
+    its thread (a traceback on stderr only) or sits in a task nobody awaits."""
+    from django_redislua import atransport, transport
+    from django_redislua.protocol import raising
+
+    with caplog.at_level(logging.WARNING, logger="django_redislua"):
+        transport.in_background(raising(ScriptError("gone")), transport.Unbuilt(), "give-back")
+        asyncio.run(atransport.in_background(raising(ScriptError("gone")),
+                                             atransport.AsyncUnbuilt(), "agive-back"))
+    assert [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records] == [
+        ("WARNING", "give-back failed; what it was giving back expires by itself", True),
+        ("WARNING", "agive-back failed; what it was giving back expires by itself", True)]
 
 
 @pytest.mark.parametrize("finds", ["all", "library"])
@@ -78,24 +103,30 @@ def test_a_discovery_begun_before_the_app_was_removed_is_not_kept(
     Functions library from them, while the app is installed; the app is removed before it
     ends: what it found is not kept, so the next use still says the app is missing (this once
     let a test's requests be limited with the app removed)."""
-    from django.apps import apps
-
     from django_redislua.scripts import AppNotInstalled, registry
 
-    found_old = threading.Event()
-    discover = registry._discover
+    found_old, clearing, cleared = threading.Event(), threading.Event(), threading.Event()
+    discover, clear = registry._discover, registry.clear
 
     def discover_slowly() -> dict[str, object]:
         found = discover()  # under the apps as they were
         found_old.set()
-        give_up = time.monotonic() + 5
-        while apps.is_installed("django_redislua") and time.monotonic() < give_up:
-            time.sleep(0.001)  # until the app is removed (before the registry hears of it)
-        time.sleep(0.1)  # ends after the registry heard of it, unless the clear waits for it
+        # Until the app is removed: the registry heard of it (events, not a poll of the app
+        # registry, which raises AppRegistryNotReady while override_settings reloads it).
+        assert clearing.wait(5)
+        # A clear that did not wait for this discovery would end now, and what this returns
+        # would then be kept: given the time to, it is seen below. This one waits for it.
+        cleared.wait(0.2)
         return found  # type: ignore[return-value]
+
+    def clear_heard() -> None:
+        clearing.set()
+        clear()
+        cleared.set()
 
     registry.clear()
     monkeypatch.setattr(registry, "_discover", discover_slowly)
+    monkeypatch.setattr(registry, "clear", clear_heard)
     other: list[object] = []
     thread = threading.Thread(target=lambda: other.append(getattr(registry, finds)()))
     thread.start()
