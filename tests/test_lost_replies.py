@@ -238,16 +238,28 @@ def test_connections_closed_under_calls_by_another_thread_are_lost_connections(
         assert policy.hit("k").allowed
         pool = owner_of(policy.redis_key("k")).connection_pool
         stop = threading.Event()
+        # The storm comes in bursts, each followed by a calm that lasts until a hit begun in it
+        # has ended: a hit that needs longer than the gaps between disconnects (redis-py 5.0's
+        # cluster client reads the slot table again after each lost connection, ~60 ms) is still
+        # decided, however slow the machine; a fixed lull was not always long enough.
+        calm_hit_ended = threading.Event()
+        phase_lock = threading.Lock()
+        phase = {"tearing": True, "calm": 0}  # "calm" counts the calms begun
 
         def tear_down() -> None:
-            # Every 0.5 ms, with a 10 ms lull every 20th time: on a slow machine a hit on the
-            # reference path (a reconnect's handshake, then the call) can take longer than
-            # 0.5 ms, and without the lulls none would be decided (the race not run).
-            rounds = 0
             while not stop.is_set():
-                pool.disconnect()
-                rounds += 1
-                time.sleep(0.01 if rounds % 20 == 0 else 0.0005)
+                with phase_lock:
+                    phase["tearing"] = True
+                for _ in range(20):  # every 0.5 ms: connections in use are torn too
+                    pool.disconnect()
+                    time.sleep(0.0005)
+                with phase_lock:
+                    phase["tearing"] = False
+                    phase["calm"] += 1
+                    calm_hit_ended.clear()
+                while not calm_hit_ended.wait(0.01):
+                    if stop.is_set():
+                        return
 
         tearing = threading.Thread(target=tear_down)
         tearing.start()
@@ -257,6 +269,8 @@ def test_connections_closed_under_calls_by_another_thread_are_lost_connections(
             for _ in range(3000):
                 if time.monotonic() > deadline:
                     break
+                with phase_lock:
+                    begun_in_calm = None if phase["tearing"] else phase["calm"]
                 try:
                     policy.hit("k")
                     decided += 1
@@ -264,6 +278,10 @@ def test_connections_closed_under_calls_by_another_thread_are_lost_connections(
                     lost += 1
                 except Exception as exc:  # what this test is about: anything else escaping
                     other.append(exc)
+                finally:
+                    with phase_lock:
+                        if begun_in_calm is not None and begun_in_calm == phase["calm"]:
+                            calm_hit_ended.set()
         finally:
             stop.set()
             tearing.join()
