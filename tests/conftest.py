@@ -11,6 +11,7 @@ the cluster client and a recorder of every primary."""
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from django_redislua.testing import (
     RedisServer,
     bundled_binary,
 )
+from django_redislua.testing.servers import SHARED_SERVER_FOR
 
 TOPOLOGIES = [pytest.param("single"), pytest.param("cluster", marks=pytest.mark.cluster)]
 
@@ -54,6 +56,17 @@ def _flush(client: redis.Redis) -> None:
 # reaches for Redis by accident fails at once instead of quietly using one.
 NOWHERE = "redis://127.0.0.1:1/0"
 UNIT_DIR = Path(__file__).resolve().parent / "unit"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    url = os.environ.get("REDIS_URL")
+    if (os.environ.get("PYTEST_XDIST_WORKER") and url and url != NOWHERE
+            and SHARED_SERVER_FOR not in os.environ):
+        # Every test flushes the server, loads and flushes scripts and counts what it receives:
+        # workers sharing one would break each other's tests, at random.
+        raise pytest.UsageError(
+            "REDIS_URL names one Redis server, and each pytest-xdist worker needs its own: "
+            "unset REDIS_URL (each worker then starts one) or run without -n")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

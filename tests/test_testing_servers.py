@@ -34,6 +34,7 @@ from django_redislua.testing import (
     TLSFiles,
     bundled_binary,
     find_server_binary,
+    free_port,
     make_tls_files,
     sentinel_master_state,
 )
@@ -156,6 +157,28 @@ def test_a_refused_readiness_probe_fails_start_at_once() -> None:
         server.start()
     assert time.monotonic() - began < 2
     assert server.process is None and not Path(server.workdir).exists()
+
+
+def test_a_chosen_port_taken_before_the_server_binds_it_is_chosen_again() -> None:
+    """Two test processes (pytest-xdist workers) each starting a server can be handed the same
+    free port; the one that binds second tries another instead of failing the run, and never
+    takes the other's server, which answers on that port meanwhile, for its own."""
+    with RedisServer() as first:
+        ports = iter([first.port, first.port])
+        with RedisServer(choose_port=lambda: next(ports, None) or free_port()) as second:
+            assert second.port != first.port
+            assert second.process is not None
+            assert second.client().info("server")["process_id"] == second.process.pid
+        assert first.client().ping()
+
+
+def test_a_port_given_and_taken_fails_start_saying_so() -> None:
+    with RedisServer() as first:
+        second = RedisServer(port=first.port)
+        with pytest.raises(RuntimeError, match="Address already in use"):
+            second.start()
+        assert second.process is None and not Path(second.workdir).exists()
+        assert first.client().ping()
 
 
 # --- TLS --------------------------------------------------------------------------------------

