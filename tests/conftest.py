@@ -60,8 +60,8 @@ UNIT_DIR = Path(__file__).resolve().parent / "unit"
 
 def pytest_configure(config: pytest.Config) -> None:
     url = os.environ.get("REDIS_URL")
-    if (os.environ.get("PYTEST_XDIST_WORKER") and url and url != NOWHERE
-            and SHARED_SERVER_FOR not in os.environ):
+    workers = getattr(config.option, "numprocesses", None)  # pytest-xdist's -n, in its controller
+    if (workers and url and url != NOWHERE and SHARED_SERVER_FOR not in os.environ):
         # Every test flushes the server, loads and flushes scripts and counts what it receives:
         # workers sharing one would break each other's tests, at random.
         raise pytest.UsageError(

@@ -9,6 +9,7 @@ import shutil
 import socket
 import ssl
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -179,6 +180,49 @@ def test_a_port_given_and_taken_fails_start_saying_so() -> None:
             second.start()
         assert second.process is None and not Path(second.workdir).exists()
         assert first.client().ping()
+
+
+def test_an_xdist_worker_starts_its_own_server_and_its_children_share_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The controller's server, exported in REDIS_URL, is not a worker's: two workers sharing
+    one would flush and count each other's commands. What the worker starts, its children
+    (gunicorn, Celery) reuse; a REDIS_URL the user set is everyone's."""
+    from django_redislua.testing import servers
+
+    controller = os.environ["REDIS_URL"]
+    monkeypatch.setattr(servers, "_shared", None)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw7")
+    monkeypatch.setenv(servers.SHARED_SERVER_FOR, "")  # as the controller exported it
+    worker = servers.shared_server_url()
+    try:
+        assert worker != controller and os.environ["REDIS_URL"] == worker
+        assert redis.Redis.from_url(worker).info("server")["process_id"] != \
+            redis.Redis.from_url(controller).info("server")["process_id"]
+        assert servers.shared_server_url() == worker  # the worker again, or a child of it
+        monkeypatch.delenv("PYTEST_XDIST_WORKER")  # a child that is no worker (a gunicorn)
+        assert servers.shared_server_url() == worker
+        monkeypatch.setenv("REDIS_URL", "redis://users.example:6379/0")  # the user's own
+        monkeypatch.delenv(servers.SHARED_SERVER_FOR)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw7")
+        assert servers.shared_server_url() == "redis://users.example:6379/0"
+    finally:
+        assert servers._shared is not None
+        servers._shared.stop()
+
+
+def test_workers_given_one_redis_url_are_refused_with_the_reason(tmp_path: Path) -> None:
+    env = {**os.environ, "REDIS_URL": "redis://127.0.0.1:6399/0"}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("REDISLUA_SHARED_SERVER_FOR", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider",
+         "-q", "tests/unit/test_tier.py"],
+        cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "each pytest-xdist worker needs its own" in done.stdout + done.stderr
 
 
 # --- TLS --------------------------------------------------------------------------------------
