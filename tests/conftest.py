@@ -95,7 +95,10 @@ def _flush_redis(request: pytest.FixtureRequest) -> Iterator[None]:
     assert isinstance(client, redis.Redis)
     _flush(client)
     denials.forget()
+    url = os.environ.get("REDIS_URL")
     yield
+    # The processes later tests start (spawned workers, gunicorn) find the server here.
+    assert os.environ.get("REDIS_URL") == url, "the test left REDIS_URL changed"
 
 
 @pytest.fixture

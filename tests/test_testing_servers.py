@@ -192,6 +192,10 @@ def test_an_xdist_worker_starts_its_own_server_and_its_children_share_it(
 
     controller = os.environ["REDIS_URL"]
     monkeypatch.setattr(servers, "_shared", None)
+    # shared_server_url() exports what it starts: set through monkeypatch first, REDIS_URL is
+    # given back to this process afterwards (a later test's processes would reach the server
+    # this test stops).
+    monkeypatch.setenv("REDIS_URL", controller)
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw7")
     monkeypatch.setenv(servers.SHARED_SERVER_FOR, "")  # as the controller exported it
     worker = servers.shared_server_url()
