@@ -69,6 +69,24 @@ def pytest_configure(config: pytest.Config) -> None:
             "unset REDIS_URL (each worker then starts one) or run without -n")
 
 
+REDIS_URL_BEFORE = pytest.StashKey[str | None]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[REDIS_URL_BEFORE] = os.environ.get("REDIS_URL")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """After every fixture's teardown (monkeypatch's too): the processes later tests start
+    (spawned workers, gunicorn) find the server in REDIS_URL, so a test must leave it as it
+    was."""
+    yield
+    before = item.stash.get(REDIS_URL_BEFORE, None)
+    assert os.environ.get("REDIS_URL") == before, "the test left REDIS_URL changed"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if UNIT_DIR in item.path.parents:
@@ -95,10 +113,7 @@ def _flush_redis(request: pytest.FixtureRequest) -> Iterator[None]:
     assert isinstance(client, redis.Redis)
     _flush(client)
     denials.forget()
-    url = os.environ.get("REDIS_URL")
     yield
-    # The processes later tests start (spawned workers, gunicorn) find the server here.
-    assert os.environ.get("REDIS_URL") == url, "the test left REDIS_URL changed"
 
 
 @pytest.fixture
