@@ -173,6 +173,20 @@ def test_a_chosen_port_taken_before_the_server_binds_it_is_chosen_again() -> Non
         assert first.client().ping()
 
 
+def test_a_chosen_port_held_by_something_that_is_not_redis_is_chosen_again() -> None:
+    """What holds the port may accept connections and never answer (the probe's call times out
+    instead of being refused): the server still sees its bind fail and tries another port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        held = taken.getsockname()[1]
+        ports = iter([held])
+        with RedisServer(choose_port=lambda: next(ports, None) or free_port()) as server:
+            assert server.port != held
+            assert server.process is not None
+            assert server.client().info("server")["process_id"] == server.process.pid
+
+
 def test_a_port_given_and_taken_fails_start_saying_so() -> None:
     with RedisServer() as first:
         second = RedisServer(port=first.port)
