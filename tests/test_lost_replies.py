@@ -76,12 +76,23 @@ CPU_LOAD_MOST_SECONDS = 600
 BUSY_LOOP = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass\n"
 
 
+def load_share(cores: int, workers: int) -> int:
+    """This worker's busy processes: ``cores`` shared by ``workers``, rounded up (one core
+    and two workers still loads one)."""
+    return -(-cores // max(workers, 1))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def cpu_load() -> Iterator[list[subprocess.Popen[bytes]]]:
     """With ``REDISLUA_TEST_CPU_LOAD=<n>`` (``dev.py test`` sets it to the number of cores),
-    ``n`` processes spin for the whole module: the tests run with every core busy, as CI
-    checks them. Yields the processes (none: no load). Each is ended by its id afterwards."""
-    count = int(os.environ.get("REDISLUA_TEST_CPU_LOAD") or 0)
+    processes spin for the whole module: the tests run with every core busy, as CI checks
+    them. Under pytest-xdist this worker spins its share of the ``n`` cores only, as the other
+    workers keep the rest busy: spinning all ``n`` here loaded every other worker's modules as
+    well, beyond the load their timing promises are sized for (a loaded run's lock wait
+    overran check 4 of tests/test_locks_chaos.py that way). Yields the processes (none: no
+    load). Each is ended by its id afterwards."""
+    count = load_share(int(os.environ.get("REDISLUA_TEST_CPU_LOAD") or 0),
+                       int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
     loops = [subprocess.Popen([sys.executable, "-c",
                                BUSY_LOOP.format(seconds=CPU_LOAD_MOST_SECONDS)])
              for _ in range(count)]

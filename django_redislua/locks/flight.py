@@ -10,7 +10,6 @@ Values are pickled, as Django's cache does: only store what your own code built.
 from __future__ import annotations
 
 import logging
-import math
 import pickle
 import secrets
 import time
@@ -24,7 +23,7 @@ from django_redislua.locks.coordination import _own, own_errors, unwrapped
 from django_redislua.locks.errors import lock_errors
 from django_redislua.locks.keys import Keys, keys_for
 from django_redislua.locks.lease import Lease, milliseconds, start_renewing, stop_renewing
-from django_redislua.locks.waiting import until
+from django_redislua.locks.waiting import seconds_left, until
 from django_redislua.protocol import Call, Invoke, Protocol, retried, undone
 from django_redislua.replies import text
 from django_redislua.scripts import get_script
@@ -120,7 +119,7 @@ class Flight:
         if state == _BUILDING:
             self.waiting_since = self.waiting_since or text(reply[2] or "")
             pttl = int(reply[1])
-            return math.inf if pttl == -1 else max(pttl, 0) / 1000
+            return seconds_left(pttl)
         if reply[2] not in (b"", ""):
             self.version = int(reply[2])
         if state in (_FRESH, _STALE):

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -68,13 +67,14 @@ from django_redislua.locks.lease import (
     start_renewing,
     stop_renewing,
 )
-from django_redislua.locks.waiting import LONGEST_SLEEP, deadline_after, until
+from django_redislua.locks.waiting import LONGEST_SLEEP, deadline_after, seconds_left, until
 from django_redislua.protocol import (
     Call,
     Execute,
     Inbox,
     Invoke,
     Mailbox,
+    Now,
     Protocol,
     call_replicated,
     interrupted,
@@ -107,10 +107,10 @@ class _Wait:
     """One acquire call of one Lock: its id, its deadline, and what its script calls send and
     their replies and wake-up messages mean."""
 
-    def __init__(self, lock: Lock, limit: float | None) -> None:
+    def __init__(self, lock: Lock, deadline: float | None) -> None:
         self.lock = lock
         self.id = secrets.token_hex(8)
-        self.deadline = deadline_after(limit)
+        self.deadline = deadline  # monotonic, the transport's Now; None: no limit
         self.sent_at = 0.0
         self.inbox = ""  # the token of the inbox a hand-off to this wait is published to
         self.granted = False  # a hand-off to this wait was heard: the next try confirms it
@@ -122,20 +122,21 @@ class _Wait:
         self.unreplicated = False  # acquired, but fewer replicas confirmed than asked for
         self.settling: list[str] = []  # the Lock's uncounted wait ids the last try sent
 
-    def _stay_ms(self) -> int:
+    def _stay_ms(self, now: float) -> int:
         """How long a queued registration lasts: until the waiter's next retry at the latest
         (it sleeps at most LONGEST_SLEEP, or until its deadline), with a second's margin."""
-        left = LONGEST_SLEEP if self.deadline is None else min(
-            self.deadline - time.monotonic(), LONGEST_SLEEP)
+        left = LONGEST_SLEEP if self.deadline is None else min(self.deadline - now, LONGEST_SLEEP)
         return milliseconds(max(left, 0.0) + 1.0)
 
-    def attempt(self, queued: bool) -> tuple[list[str], list[str | int]]:
-        """Try to take (or confirm) the lock; ``queued``: subscribed, so stay queued if held."""
+    def attempt(self, now: float | None) -> tuple[list[str], list[str | int]]:
+        """Try to take (or confirm) the lock; ``now`` (the transport's clock) when subscribed,
+        so the wait stays queued if the lock is held; None for a try that does not queue."""
         lock = self.lock
         self.settling = list(lock._uncounted)
         self.sent_at = time.monotonic()
         return lock._keys4, [lock.owner, self.id, lock._lease_ms, "1" if lock.reentrant else "0",
-                             lock.name, self._stay_ms() if queued else 0, lock.keys.channel,
+                             lock.name, 0 if now is None else self._stay_ms(now),
+                             lock.keys.channel,
                              lock._window_ms(), inbox_prefix(), self.inbox, *self.settling]
 
     def confirm(self) -> Call:
@@ -167,7 +168,7 @@ class _Wait:
             self.unreplicated = count == 1 and self.acked < self.lock.replicas
             return None
         value = int(value)
-        left = math.inf if value == -1 else max(value, 0) / 1000
+        left = seconds_left(value)
         return min(left, settings.LOCK_CLAIM_WINDOW)
 
     def on_message(self, data: str) -> bool | float | None:
@@ -350,7 +351,7 @@ class Lock:
     def _attempt(self, wait: _Wait, queued: bool) -> Protocol[float | None]:
         if wait.granted:
             return wait.took((yield from self._calling(wait, wait.confirm())))
-        keys, args = wait.attempt(queued)
+        keys, args = wait.attempt((yield Now()) if queued else None)
         reply = yield from self._call(wait, ACQUIRE, keys, args)
         self._uncounted.difference_update(wait.settling)  # settled by that call
         return wait.took(reply)
@@ -388,7 +389,7 @@ class Lock:
                  ) -> Protocol[bool]:
         blocking = self.blocking if blocking is None else blocking
         limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
-        wait = _Wait(self, limit)
+        wait = _Wait(self, (yield from deadline_after(limit)))
         try:
             held = (yield from self._attempt(wait, False)) is None or (blocking and (
                 (yield from until(Inbox(self.keys.channel, inbox_prefix()),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import pickle
 import secrets
@@ -31,7 +30,7 @@ from django_redislua.locks.coordination import _lease_lost, _own, own_errors
 from django_redislua.locks.errors import LeaseLost, LockError, parse_wait
 from django_redislua.locks.keys import Keys, keys_for
 from django_redislua.locks.lease import Lease, milliseconds, start_renewing, stop_renewing
-from django_redislua.locks.waiting import deadline_after, until
+from django_redislua.locks.waiting import deadline_after, seconds_left, until
 from django_redislua.protocol import Call, Invoke, Protocol, performed, retried, undone
 from django_redislua.replies import text
 from django_redislua.scripts import get_script
@@ -170,7 +169,7 @@ class _Once:
         self.found = RunOutcome(
             "running", ran_by=text(reply[2] or "") or None, started_at=_server_time(reply[3]),
             lease_ends_at=None if pttl < 0 else _server_time(int(now) + pttl))
-        return math.inf if pttl == -1 else max(pttl, 0) / 1000
+        return seconds_left(pttl)
 
     def lease(self) -> Lease:
         return Lease(self.keys.base, self.token, self.lease_ms / 1000, self.sent_at)
@@ -234,7 +233,7 @@ def run_once(key: str | Callable[..., str], ttl: float | str = "1d",
             reply = yield Call(begin, begin.command([once.keys.base], once.args()))
             return once.read(reply)
 
-        deadline = deadline_after(limit)
+        deadline = yield from deadline_after(limit)
         try:
             ready = (yield from attempt()) is None or (wait and (
                 yield from until(once.keys.channel, attempt, deadline)))

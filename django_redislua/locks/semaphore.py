@@ -19,7 +19,7 @@ from django_redislua.atransport import arun
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.errors import LockNotAcquired, LockNotOwned, lock_errors, parse_wait
 from django_redislua.locks.keys import keys_for
-from django_redislua.locks.waiting import deadline_after, until
+from django_redislua.locks.waiting import deadline_after, seconds_left, until
 from django_redislua.protocol import Call, Protocol, interrupted, performed, retried, undone
 from django_redislua.scripts import get_script
 from django_redislua.transport import run
@@ -62,7 +62,7 @@ class Semaphore:
         reply = yield Call(script, script.command(
             [self.keys.base], [permit, self.limit, max(1, math.ceil(self.timeout * 1000))]))
         granted, wait_ms = (int(x) for x in reply)
-        return None if granted else max(wait_ms, 0) / 1000
+        return None if granted else seconds_left(max(wait_ms, 0))  # no -1 here
 
     def _giving_back(self, permit: str) -> Protocol[int | None]:
         script = get_script(RELEASE)
@@ -76,7 +76,7 @@ class Semaphore:
         blocking = self.blocking if blocking is None else blocking
         limit = self.blocking_timeout if blocking_timeout is None else parse_wait(blocking_timeout)
         permit = secrets.token_hex(16)
-        deadline = deadline_after(limit)
+        deadline = yield from deadline_after(limit)
         try:
             granted = (yield from self._attempt(permit)) is None or (blocking and (
                 yield from until(self.keys.channel, lambda: self._attempt(permit), deadline)))

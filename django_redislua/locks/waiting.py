@@ -23,7 +23,7 @@ wait in virtual time (``tests/unit/test_waiting.py``).
 
 from __future__ import annotations
 
-import time
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -88,10 +88,21 @@ def _verdict(message: Any, channel: str,
     return on_message(text(data))
 
 
-def deadline_after(timeout: float | None) -> float | None:
-    """The monotonic time a wait of ``timeout`` seconds (None: no limit) begun now ends at
-    (``time.monotonic()``, the clock the transports' ``Now`` reads)."""
-    return None if timeout is None else time.monotonic() + timeout
+def seconds_left(ms: int) -> float:
+    """A state's own end, from the milliseconds Redis says it has left (``PTTL``; -1: none,
+    ``math.inf``), as the seconds to sleep before trying again: at least a millisecond, as
+    ``PTTL`` says 0 through a key's last millisecond (it expires after that), and a try sooner
+    would find it still there and try again at once, spinning until it expires."""
+    return math.inf if ms == -1 else max(ms, 1) / 1000
+
+
+def deadline_after(timeout: float | None) -> Protocol[float | None]:
+    """The monotonic time a wait of ``timeout`` seconds (None: no limit) begun now ends at,
+    read through the transport (``Now``): a scripted transport's virtual clock sets it too."""
+    if timeout is None:
+        return None
+    now: float = yield Now()
+    return now + timeout
 
 
 def until(channel: str | Inbox, attempt: Attempt, deadline: float | None,
