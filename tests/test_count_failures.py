@@ -246,12 +246,15 @@ def test_redis_paused_during_the_refund_still_answers_in_time(
 ) -> None:
     """Connected but silent (CLIENT PAUSE): the refund waits for the socket timeout, no
     longer; the response goes out, the success stays counted (a failure more: the safe
-    side)."""
+    side). "No longer" is shown by the failed give-back it logs while the server is still
+    silent (script calls held for 30 s, lifted once the response is out), not by a bound on
+    the time taken, which a loaded machine stretches."""
     client = Client(raise_request_exception=True)
     control = server.client()
 
     def pause() -> None:
-        control.execute_command("CLIENT", "PAUSE", 1500, "ALL")
+        # WRITE holds every script call; unlike ALL, it lets CLIENT UNPAUSE lift it at once.
+        control.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
 
     with settings_for(server.url, SOCKET_TIMEOUT=0.3, SOCKET_CONNECT_TIMEOUT=0.3):
         assert login(client, "deco", "right") == 200
@@ -263,7 +266,7 @@ def test_redis_paused_during_the_refund_still_answers_in_time(
         control.execute_command("CLIENT", "UNPAUSE")
         control.close()
     assert status == 200
-    assert elapsed < 0.3 + 0.6  # the socket timeout and scheduling slack
+    assert elapsed >= 0.3 * 0.9  # it did wait for the socket timeout
     assert any("giving back" in r.getMessage() for r in caplog.records)
     denials.forget()
 
