@@ -89,11 +89,14 @@ def _verdict(message: Any, channel: str,
 
 
 def seconds_left(ms: int) -> float:
-    """A state's own end, from the milliseconds Redis says it has left (``PTTL``; -1: none,
-    ``math.inf``), as the seconds to sleep before trying again: at least a millisecond, as
-    ``PTTL`` says 0 through a key's last millisecond (it expires after that), and a try sooner
-    would find it still there and try again at once, spinning until it expires."""
-    return math.inf if ms == -1 else max(ms, 1) / 1000
+    """A state's own end, from the milliseconds Redis says it has left (``PTTL``), as the
+    seconds to sleep before trying again: -1 (no expiry) never, ``math.inf``; -2 (the key is
+    gone: free) none, try at once; else at least a millisecond, as ``PTTL`` says 0 through a
+    key's last millisecond (it expires after that), and a try sooner would find it still there
+    and try again at once, spinning until it expires."""
+    if ms == -1:
+        return math.inf
+    return 0.0 if ms < 0 else max(ms, 1) / 1000
 
 
 def deadline_after(timeout: float | None) -> Protocol[float | None]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from django_redislua.conf import settings
 from django_redislua.drivers import drive
 from django_redislua.locks import Lock, RunInProgress, Semaphore, once
 from django_redislua.locks.once import run_once
@@ -94,6 +95,26 @@ def test_a_lease_in_its_last_millisecond_is_slept_through_not_spun_on() -> None:
     assert result is True
     assert sleeps(transport)[-1] == pytest.approx(0.001) and took == pytest.approx(0.001)
     assert calls(transport, "django_redislua.lock_acquire") == 3
+
+
+def test_a_lock_found_free_by_its_ttl_is_tried_again_at_once() -> None:
+    # PTTL -2: the key is gone (a hand-off's claim ran out unconfirmed, lock_confirm.lua):
+    # nothing to sleep for.
+    result, transport, took = lock_waited(
+        [held(-2), CONFIRMED, held(-2), None, acquired(7)], limit=5.0)
+    assert result is True
+    assert sleeps(transport)[-1] == 0.0 and took == 0.0
+    assert calls(transport, "django_redislua.lock_acquire") == 3
+
+
+def test_a_lock_held_with_no_expiry_is_looked_at_again_each_claim_window() -> None:
+    # PTTL -1: the lock never runs out by itself; a queued waiter still looks again after a
+    # claim window (a hand-off to a heir that died runs out within one).
+    result, transport, took = lock_waited(
+        [held(-1), CONFIRMED, held(-1), None, acquired(7)], limit=5.0)
+    assert result is True
+    assert sleeps(transport)[-1] == pytest.approx(settings.LOCK_CLAIM_WINDOW)
+    assert took == pytest.approx(settings.LOCK_CLAIM_WINDOW)
 
 
 def test_a_lock_waiter_never_sleeps_past_its_deadline() -> None:
