@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from django_redislua.locks import Lock
-from django_redislua.scripts import get_script
 from django_redislua.testing import CommandRecorder
+from tests.test_locks_fair import tries
 
 pytestmark = pytest.mark.slow
 SPAWN = multiprocessing.get_context("spawn")
@@ -109,8 +109,6 @@ import django
 django.setup()
 from django_redislua.connection import get_client
 from django_redislua.locks import Lock
-from django_redislua.scripts import get_script
-from django_redislua.testing import CommandRecorder
 lock = Lock("crash", timeout=float(sys.argv[1]), auto_renew=sys.argv[2] == "renew")
 assert lock.acquire()
 get_client().set("holder-ready", lock.token)
@@ -142,7 +140,6 @@ def test_holder_killed_with_sigkill_frees_the_lock_after_its_ttl(r: redis.Redis)
     ttl = r.pttl("rl:lock:{crash}") / 1000
     assert 0 < ttl <= 1.0
     waiter = Lock("crash", timeout=5, blocking_timeout=5)
-    acquire = " ".join(get_script("django_redislua.lock_acquire").head())
     with CommandRecorder(r) as recorder:
         assert waiter.acquire()
     waited = time.monotonic() - killed_at
@@ -152,8 +149,8 @@ def test_holder_killed_with_sigkill_frees_the_lock_after_its_ttl(r: redis.Redis)
     # TTL ran out a moment after it). That it sleeps until that end, no later, is
     # tests/unit/test_lock_waits.py's (in virtual time: a bound on the time taken here would
     # fail on a loaded machine).
-    tries = sum(1 for entry in recorder.entries if str(entry["command"]).startswith(acquire))
-    assert 3 <= tries <= 4, tries
+    sent = tries(recorder, "django_redislua.lock_acquire")
+    assert 3 <= sent <= 4, sent
     assert waiter.token is not None and waiter.token > int(r.get("holder-ready") or 0)
     waiter.release()
 
