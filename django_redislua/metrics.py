@@ -58,6 +58,9 @@ LOCK_WAIT = ("redislua_lock_wait_seconds", "redislua.lock.wait.duration",
              "Seconds an acquire took (acquired or timed out)")
 LOCK_LOST = ("redislua_lock_lost_total", "redislua.lock.lost",
              "Leases lost while held (ran out unrenewed, or taken)")
+# A background job's call (django_redislua.jobs): ran, rate_limited (put off), skipped
+# (another instance held its singleton). The label is the job's name: code, not traffic.
+JOBS = ("redislua_jobs_total", "redislua.jobs", "Background job calls, by job and outcome")
 
 
 class Sink(Protocol):
@@ -68,6 +71,7 @@ class Sink(Protocol):
     def lock_acquired(self, result: str) -> None: ...
     def lock_wait(self, seconds: float) -> None: ...
     def lock_lost(self) -> None: ...
+    def job(self, name: str, outcome: str) -> None: ...
 
 
 def wanted(value: Any) -> list[str]:
@@ -87,6 +91,7 @@ class _Prometheus:
         self._acquired = _registered(Counter, LOCK_ACQUIRED, ["result"])
         self._wait = _registered(Histogram, LOCK_WAIT, [], buckets=WAIT_BUCKETS)
         self._lost = _registered(Counter, LOCK_LOST, [])
+        self._jobs = _registered(Counter, JOBS, ["job", "outcome"])
         # Labelled children by instrument and label values: labels() parses its arguments on
         # every call.
         self._children: dict[tuple[Any, ...], Any] = {}
@@ -127,6 +132,9 @@ class _Prometheus:
 
     def lock_lost(self) -> None:
         self._lost.inc()
+
+    def job(self, name: str, outcome: str) -> None:
+        self._child(self._jobs, name, outcome).inc()
 
 
 def _registered(kind: Any, names: tuple[str, str, str], labels: Sequence[str],
@@ -172,6 +180,7 @@ class _OpenTelemetry:
             LOCK_ACQUIRED[1], unit="{acquisition}", description=LOCK_ACQUIRED[2])
         self._wait = _histogram(meter, LOCK_WAIT, WAIT_BUCKETS)
         self._lost = meter.create_counter(LOCK_LOST[1], unit="{lease}", description=LOCK_LOST[2])
+        self._jobs = meter.create_counter(JOBS[1], unit="{call}", description=JOBS[2])
         self._attributes: dict[tuple[str, ...], dict[str, str]] = {}
 
     def _attrs(self, *pairs: str) -> dict[str, str]:
@@ -203,6 +212,9 @@ class _OpenTelemetry:
 
     def lock_lost(self) -> None:
         self._lost.add(1)
+
+    def job(self, name: str, outcome: str) -> None:
+        self._jobs.add(1, self._attrs("job", name, "outcome", outcome))
 
 
 def _histogram(meter: Any, names: tuple[str, str, str], buckets: Sequence[float]) -> Any:
@@ -260,3 +272,9 @@ def lock_acquired(result: str, seconds: float | None) -> None:
 def lock_lost() -> None:
     for sink in sinks():
         sink.lock_lost()
+
+
+def job(name: str, outcome: str) -> None:
+    """One call of a background job and what it came to (ran, rate_limited, skipped)."""
+    for sink in sinks():
+        sink.job(name, outcome)

@@ -93,7 +93,7 @@ def singleton(name: str, timeout: float | str, wait: bool = False,
             held = Lock(name, timeout, blocking=wait, blocking_timeout=blocking_timeout,
                         auto_renew=True)
             if not (yield from held._acquiring(None, None)):
-                logger.info("%s skipped: %s", what, (yield from _holder(held)))
+                logger.info("%s skipped: %s", what, (yield from holder_of(held)))
                 return None
             try:
                 result = yield from _own(body)
@@ -126,7 +126,7 @@ def singleton(name: str, timeout: float | str, wait: bool = False,
     return decorate
 
 
-def _holder(lock: Lock) -> Protocol[str]:
+def holder_of(lock: Lock) -> Protocol[str]:
     """Who holds ``lock``, for a log line: its fencing token and how long its lease has left
     (one round trip; a Redis failure only makes the line shorter)."""
     try:

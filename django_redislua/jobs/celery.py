@@ -1,0 +1,135 @@
+"""A Celery task base class: REDISLUA policies across every worker, and singleton tasks.
+
+::
+
+    from celery import shared_task
+    from django_redislua.jobs.celery import RedisluaTask
+
+    @shared_task(base=RedisluaTask, policies=["partner-api"])
+    def call_partner(order_id): ...
+
+    @shared_task(base=RedisluaTask, singleton=True, singleton_timeout="10m")
+    def nightly_sync(): ...
+
+The options are the task's attributes (Celery passes a decorator's extra keywords to the task
+class): ``policies``, ``limit_key``, ``limit_cost``, ``limit_poll``, ``limit_jitter``,
+``singleton``, ``singleton_timeout``; :class:`~django_redislua.jobs.gate.JobGate` says what
+each means.
+
+In a worker, a task its policies deny is sent again, with the same id, arguments and options,
+for when it can run (``countdown``: the policies' wait plus jitter), and this delivery ends:
+it holds no pool process while it waits, its ``retries`` are not counted (Celery's
+``max_retries`` is for failures, never for limits), its state is ``RATE_LIMITED`` until the
+new delivery runs. A task whose singleton another worker holds is ``SKIPPED``. Both end the
+delivery with Celery's ``Ignore``: no result is stored over the state, no failure is counted,
+no callback runs. Called outside a worker (``task()``, ``apply()``, eager mode), a denied task
+raises :class:`JobLimited` and a skipped
+one returns None, as ``@singleton`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+from celery import Task
+from celery.exceptions import Ignore
+
+from django_redislua.jobs.gate import Admission, Cost, JobGate, Key
+
+__all__ = ["RATE_LIMITED", "SKIPPED", "JobLimited", "RedisluaTask"]
+
+logger = logging.getLogger("django_redislua.jobs")
+
+# The task states this base class stores (Celery allows custom states; neither is "ready").
+RATE_LIMITED = "RATE_LIMITED"
+SKIPPED = "SKIPPED"
+
+
+class JobLimited(Exception):
+    """A task called outside a worker was denied by its policies: ``retry_in`` seconds."""
+
+    def __init__(self, name: str, admission: Admission) -> None:
+        why = ", ".join(admission.denied_by) or "Redis being unavailable"
+        super().__init__(f"task {name} is rate-limited by {why}: try again in "
+                         f"{admission.retry_in:.2f}s")
+        self.retry_in = admission.retry_in
+        self.denied_by = admission.denied_by
+
+
+class RedisluaTask(Task):  # type: ignore[misc]  # celery ships no types
+    """Celery's Task, with REDISLUA policies and a singleton lock decided before it runs."""
+
+    policies: ClassVar[str | tuple[str, ...] | list[str]] = ()
+    limit_key: ClassVar[Key] = None
+    limit_cost: ClassVar[Cost] = 1
+    limit_poll: ClassVar[float | str] = "1s"
+    limit_jitter: ClassVar[float | str] = "1s"
+    singleton: ClassVar[bool | Key] = None
+    singleton_timeout: ClassVar[float | str] = "10m"
+
+    _gate: JobGate | None = None
+
+    def redislua_gate(self) -> JobGate:
+        """This task's :class:`JobGate`, made from its options at its first call."""
+        gate = type(self)._gate
+        if gate is None or gate.name != self.name:
+            key, cost, singleton = (_plain(type(self), attr) for attr in (
+                "limit_key", "limit_cost", "singleton"))
+            gate = JobGate(self.name, policies=self.policies, key=key, cost=cost,
+                           singleton=singleton, singleton_timeout=self.singleton_timeout,
+                           poll=self.limit_poll, jitter=self.limit_jitter)
+            type(self)._gate = gate
+        return gate
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        gate = self.redislua_gate()
+        admission = gate.admit(args, kwargs)
+        if admission.status == "run":
+            try:
+                return super().__call__(*args, **kwargs)
+            finally:
+                gate.done(admission)
+        request = self.request
+        in_worker = not (request.called_directly or request.is_eager)
+        if admission.status == "skipped":
+            if not in_worker:
+                return None
+            self._store(SKIPPED, {"held_by": admission.held_by})
+            raise Ignore()
+        if not in_worker:
+            raise JobLimited(self.name, admission)
+        self._put_off(admission, args, kwargs)
+        raise Ignore()
+
+    def _put_off(self, admission: Admission, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+        """Send this task again for when it can run: the same id, arguments and options
+        (Celery's own retry path), its retries unchanged."""
+        request = self.request
+        again = self.signature_from_request(request, args, kwargs,
+                                            countdown=admission.retry_in,
+                                            retries=request.retries)
+        again.apply_async()
+        self._store(RATE_LIMITED, {"retry_in": round(admission.retry_in, 3),
+                                   "denied_by": list(admission.denied_by)})
+
+    def _store(self, state: str, meta: dict[str, Any]) -> None:
+        """Show ``state`` in the result backend, unless results are ignored."""
+        request = self.request
+        if getattr(request, "ignore_result", False) or self.ignore_result:
+            return
+        try:
+            self.update_state(task_id=request.id, state=state, meta=meta)
+        except Exception as exc:  # the backend's own failure must not lose the task
+            logger.warning("task %s[%s]: state %s not stored (%s)", self.name, request.id,
+                           state, exc)
+
+
+def _plain(cls: type, attr: str) -> Any:
+    """A class attribute as it was given: a function set on a class reads back as a method."""
+    for klass in cls.__mro__:
+        if attr in vars(klass):
+            value = vars(klass)[attr]
+            return value.__func__ if isinstance(value, staticmethod) else value
+    return None

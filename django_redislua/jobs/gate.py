@@ -1,0 +1,206 @@
+"""What a background job passes before it runs: a singleton lock, then its policies, decided
+together in one script call. Framework-free: the Celery base class
+(:mod:`~django_redislua.jobs.celery`) and Django's tasks (:mod:`~django_redislua.jobs.tasks`)
+both ask a :class:`JobGate` and only differ in how they put a job off.
+
+A job that may not run now is never dropped here: :meth:`JobGate.admit` says when to try again
+(``Admission.retry_in``), and the framework re-sends the job for then. Redis failing follows
+``FAIL_OPEN`` for the policies (open: the job runs unlimited; closed: it is put off by
+``poll``); a singleton is never run without its lock, whatever ``FAIL_OPEN`` says, since two
+copies at once is what it exists to prevent.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from django_redislua import metrics
+from django_redislua.conf import settings
+from django_redislua.connection import CLIENT_ERRORS
+from django_redislua.limiting.decision import Decision, PolicyError
+from django_redislua.limiting.engine import evaluate, releasing
+from django_redislua.limiting.policy import Policy
+from django_redislua.limiting.rates import parse_duration
+from django_redislua.limiting.registry import get_policy
+from django_redislua.locks.coordination import holder_of
+from django_redislua.locks.errors import LeaseLost, LockError
+from django_redislua.locks.lock import Lock
+from django_redislua.reporting import report_outage, report_recovery
+from django_redislua.transport import run
+
+logger = logging.getLogger("django_redislua.jobs")
+
+# What a job's call came to, as the metric redislua_jobs_total counts it.
+RAN, RATE_LIMITED, SKIPPED = "ran", "rate_limited", "skipped"
+
+Key = str | Callable[..., str] | None
+Cost = int | Callable[..., int]
+
+
+@dataclass
+class Admission:
+    """Whether a job may run now (:meth:`JobGate.admit`).
+
+    - ``status="run"``: run it, then call :meth:`JobGate.done` with this Admission (it
+      releases the singleton lock and any concurrency slot, whatever the job did).
+    - ``status="limited"``: a policy denied it (or Redis failed and ``FAIL_OPEN`` is False,
+      or a singleton's lock could not be asked): try again in ``retry_in`` seconds (the
+      wait the policies gave, plus jitter). ``denied_by`` names the policies that denied.
+    - ``status="skipped"``: another instance holds its singleton; ``held_by`` says who.
+    """
+
+    status: Literal["run", "limited", "skipped"]
+    retry_in: float = 0.0
+    denied_by: tuple[str, ...] = ()
+    held_by: str = ""
+    lock: Lock | None = None
+    held: tuple[Decision, ...] = field(default=())
+
+
+class JobGate:
+    """The limits of one job (a Celery task, a Django task, any function run in the
+    background): ``policies`` (names in ``REDISLUA["POLICIES"]`` or :class:`Policy`
+    objects, all-or-nothing: a denial by one consumes nothing from the others), decided
+    for the identity ``key`` (default: the job's name, one budget for every call; a string;
+    or a callable given the job's arguments) at ``cost``; and ``singleton``, the name of a
+    lock (True: the job's name; or a callable given the arguments) held while it runs,
+    renewed, expiring ``singleton_timeout`` after a crashed holder's last renewal.
+
+    A concurrency policy's denial is tried again after at most ``poll``: its own wait is
+    when the oldest slot's lease would end, usually long after the job holding it is done.
+    """
+
+    def __init__(self, name: str, *, policies: str | Sequence[str | Policy] = (),
+                 key: Key = None, cost: Cost = 1, singleton: bool | Key = None,
+                 singleton_timeout: float | str = "10m", poll: float | str = "1s",
+                 jitter: float | str = "1s") -> None:
+        self.name = name
+        self.policy_names = (policies,) if isinstance(policies, (str, Policy)) else tuple(
+            policies)
+        self.key, self.cost = key, cost
+        self.singleton = name if singleton is True else (singleton or None)
+        self.singleton_timeout = parse_duration(singleton_timeout)
+        self.poll = parse_duration(poll)
+        self.jitter = parse_duration(jitter)
+
+    # -- what the job's arguments make ----------------------------------------------------------
+
+    def policies(self) -> list[Policy]:
+        """The policies, read from the settings now (an override or a settings change counts).
+        A policy whose rate is a callable of a request cannot limit a job: PolicyError."""
+        found = [p if isinstance(p, Policy) else get_policy(p) for p in self.policy_names]
+        for policy in found:
+            if policy.is_dynamic:
+                raise PolicyError(
+                    "redislua.E031", f"job {self.name!r}: policy {policy.name!r} takes its rate "
+                    f"from a request; a background job has none (give it a fixed rate)")
+        return found
+
+    def identity(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+        return (self.name if self.key is None else
+                self.key(*args, **kwargs) if callable(self.key) else self.key)
+
+    def lock_name(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+        name = self.singleton
+        return name(*args, **kwargs) if callable(name) else name
+
+    # -- admitting ----------------------------------------------------------------------------
+
+    def admit(self, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+              ) -> Admission:
+        """Whether the job may run now with these arguments (see :class:`Admission`). At
+        most two round trips: the singleton lock, then every policy in one script call."""
+        kwargs = kwargs or {}
+        if not settings.ENABLED:
+            return Admission("run")
+        policies = self.policies()
+        lock = None
+        lock_name = self.lock_name(args, kwargs)
+        if lock_name is not None:
+            lock = Lock(lock_name, self.singleton_timeout, blocking=False, auto_renew=True)
+            try:
+                acquired = lock.acquire()
+            except LockError as exc:
+                logger.warning("job %s: its singleton lock %r could not be asked (%s); "
+                               "put off by %.1fs", self.name, lock_name, exc, self.poll)
+                return self._limited(self.poll, ())
+            if not acquired:
+                held_by = run(holder_of(lock))
+                logger.info("job %s skipped: singleton %r: %s", self.name, lock_name, held_by)
+                metrics.job(self.name, SKIPPED)
+                return Admission("skipped", held_by=held_by)
+        try:
+            admission = self._decide(policies, args, kwargs)
+        except BaseException:
+            if lock is not None:
+                _release(self.name, lock)
+            raise
+        if admission.status != "run" and lock is not None:
+            _release(self.name, lock)
+        admission.lock = lock
+        return admission
+
+    def _decide(self, policies: list[Policy], args: Sequence[Any], kwargs: dict[str, Any]
+                ) -> Admission:
+        if not policies:
+            metrics.job(self.name, RAN)
+            return Admission("run")
+        identity = self.identity(args, kwargs)
+        cost = self.cost(*args, **kwargs) if callable(self.cost) else self.cost
+        checks = [(policy, identity, cost) for policy in policies]
+        soft = frozenset(i for i, p in enumerate(policies) if p.shadow)
+        try:
+            decisions = evaluate(checks, soft=soft if len(checks) > 1 else ())
+        except CLIENT_ERRORS as exc:
+            report_outage(exc, denied_as=f"put off by {self.poll:g}s")
+            if settings.FAIL_OPEN:
+                metrics.job(self.name, RAN)
+                return Admission("run")
+            return self._limited(self.poll, ())
+        report_recovery()
+        denied = [d for d in decisions if not d.allowed and not d.policy.shadow]
+        held = tuple(d for d in decisions if d.lease is not None)
+        if not denied:
+            metrics.job(self.name, RAN)
+            return Admission("run", held=held)
+        wait = max(min(d.retry_after, self.poll) if d.policy.algorithm == "concurrency"
+                   else d.retry_after for d in denied)
+        return self._limited(wait, tuple(d.policy.name for d in denied))
+
+    def _limited(self, wait: float, denied_by: tuple[str, ...]) -> Admission:
+        # Jitter: jobs denied together come back spread out, not all at the same instant
+        # (a tenth of the wait, at most ``jitter``): they would mostly be denied again.
+        retry_in = wait + random.uniform(0, min(self.jitter, wait / 10))
+        metrics.job(self.name, RATE_LIMITED)
+        logger.info("job %s rate-limited%s: put off by %.2fs", self.name,
+                    f" by {', '.join(denied_by)}" if denied_by else "", retry_in)
+        return Admission("limited", retry_in=retry_in, denied_by=denied_by)
+
+    def done(self, admission: Admission) -> None:
+        """The job ran (or failed): give back its concurrency slots and its singleton lock.
+        A lease lost while it ran is logged (and counted by the lock), not raised: the job's
+        own outcome stands."""
+        try:
+            for decision in admission.held:
+                run(releasing(decision.policy, decision.key, decision))
+        except CLIENT_ERRORS as exc:
+            logger.warning("job %s: a concurrency slot could not be given back (%s); it frees "
+                           "itself when its lease ends", self.name, exc)
+        finally:
+            if admission.lock is not None:
+                _release(self.name, admission.lock)
+
+
+def _release(name: str, lock: Lock) -> None:
+    try:
+        lock.release()
+    except LeaseLost:
+        logger.error("job %s: its singleton lease %r ran out or was taken while it ran; another "
+                     "instance may have run it at the same time", name, lock.name)
+    except LockError as exc:
+        logger.warning("job %s: its singleton lock %r could not be released (%s); it frees "
+                       "itself when its lease ends", name, lock.name, exc)

@@ -1,0 +1,133 @@
+"""``once_per``: a job that runs once per calendar hour, day, week or month in a timezone,
+however many hosts (cron on each, Celery beat, a deploy hook) call it.
+
+The period is read from the Redis server's clock (``TIME``, moved by the pytest plugin's
+``redislua.advance``), so hosts whose clocks disagree still agree on which day it is. Each
+period is one ``run_once`` key (``period:<job>:<label>``): the first call in the period runs
+the job, every later one is told who ran it and when; a run that raised stores nothing and a
+run whose process died frees the period when its lease (``timeout``) ends, so the next call
+runs it. The record expires an hour after its period ends.
+
+:func:`period_of` is pure (no I/O): the calendar arithmetic, DST included, is tested with no
+Redis.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
+from typing import Any, ParamSpec, TypeVar
+from zoneinfo import ZoneInfo
+
+from django.conf import settings as django_settings
+
+from django_redislua.limiting import clock
+from django_redislua.limiting.rates import parse_duration
+from django_redislua.locks.once import RunOutcome, run_once
+from django_redislua.protocol import Execute, Protocol
+from django_redislua.transport import run
+
+__all__ = ["PERIODS", "once_per", "period_of"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+PERIODS = ("hour", "day", "week", "month")
+# How long a period's record outlives the period: a call just after the boundary, from a
+# host whose cron fired late, still finds its period's record if it asks about it.
+_KEPT_AFTER = timedelta(hours=1)
+
+
+def _midnight(day: date, zone: tzinfo) -> datetime:
+    """The first instant of ``day`` in ``zone``, in UTC."""
+    return datetime.combine(day, time(0), tzinfo=zone).astimezone(UTC)
+
+
+def period_of(moment: datetime, period: str, zone: tzinfo) -> tuple[str, datetime, datetime]:
+    """The ``period`` ("hour", "day", "week": ISO, from Monday; "month") of ``zone`` holding
+    the aware ``moment``: its label, its first instant and its end (both UTC).
+
+    Labels are the period in local time: ``2026-11-28T14+0100`` (the UTC offset tells apart
+    the two hours a DST change repeats), ``2026-11-28``, ``2026-W48``, ``2026-11``. A day is
+    the local day, 23 or 25 hours long on a DST change.
+    """
+    if moment.tzinfo is None:
+        raise ValueError("period_of needs an aware datetime")
+    local = moment.astimezone(zone)
+    if period == "hour":
+        start = local.replace(minute=0, second=0, microsecond=0).astimezone(UTC)
+        # The UTC offset may change within a local hour (a 30-minute DST shift): the hour is
+        # counted on the UTC timeline from the local hour's start.
+        return local.strftime("%Y-%m-%dT%H%z"), start, start + timedelta(hours=1)
+    today = local.date()
+    if period == "day":
+        return today.isoformat(), _midnight(today, zone), _midnight(
+            today + timedelta(days=1), zone)
+    if period == "week":
+        monday = today - timedelta(days=today.weekday())
+        year, week, _ = monday.isocalendar()
+        return f"{year}-W{week:02d}", _midnight(monday, zone), _midnight(
+            monday + timedelta(days=7), zone)
+    if period == "month":
+        first = today.replace(day=1)
+        following = (first + timedelta(days=32)).replace(day=1)
+        return f"{first:%Y-%m}", _midnight(first, zone), _midnight(following, zone)
+    raise ValueError(f"period must be one of {', '.join(PERIODS)}, not {period!r}")
+
+
+def _zone(tz: str | tzinfo | None) -> tzinfo:
+    if tz is None:
+        tz = getattr(django_settings, "TIME_ZONE", None) or "UTC"
+    return ZoneInfo(tz) if isinstance(tz, str) else tz
+
+
+def _time() -> Protocol[list[Any]]:
+    reply: list[Any] = yield Execute(("TIME",))
+    return reply
+
+
+def redis_now() -> datetime:
+    """The Redis server's clock (plus the pytest plugin's ``advance``), aware, in UTC."""
+    seconds, micros = run(_time())
+    us = int(seconds) * 1_000_000 + int(micros) + clock.shift_us
+    return datetime.fromtimestamp(us / 1_000_000, UTC)
+
+
+def once_per(period: str, *, name: str | None = None, tz: str | tzinfo | None = None,
+             timeout: float | str = "10m", wait: bool = False,
+             wait_timeout: float | str | None = None
+             ) -> Callable[[Callable[P, R]], Callable[P, RunOutcome[R]]]:
+    """Run the decorated job at most once per calendar ``period`` ("hour", "day", "week",
+    "month") of ``tz`` (a name or a tzinfo; default ``settings.TIME_ZONE``).
+
+    Every call returns a :class:`~django_redislua.locks.RunOutcome`: ``status="ran"`` when
+    this call ran the job (``result`` is what it returned), ``"done"`` when another call of
+    this period did (``ran_by``, ``finished_at``, its ``result``), ``"running"`` when one runs
+    it now (with ``wait=True`` this call waits for its outcome instead, up to
+    ``wait_timeout``). A run that raises lets the next call of the period run it (the
+    exception is raised to this caller); a run whose process died frees the period
+    ``timeout`` after its last lease renewal. ``name`` (default: the function's dotted path)
+    identifies the job across hosts: give it when two deploys could name it differently.
+    """
+    if period not in PERIODS:
+        raise ValueError(f"period must be one of {', '.join(PERIODS)}, not {period!r}")
+    zone = _zone(tz)
+    parse_duration(timeout)  # a bad timeout fails at import, not at the first run
+
+    def decorate(func: Callable[P, R]) -> Callable[P, RunOutcome[R]]:
+        job = name or f"{func.__module__}.{func.__qualname__}"
+
+        @functools.wraps(func)
+        def call(*args: P.args, **kwargs: P.kwargs) -> RunOutcome[R]:
+            now = redis_now()
+            label, _start, end = period_of(now, period, zone)
+            keep = (end - now + _KEPT_AFTER).total_seconds()
+            handler: Any = run_once(f"period:{job}:{label}", ttl=keep, timeout=timeout,
+                                    wait=wait, wait_timeout=wait_timeout)(func)
+            outcome: RunOutcome[R] = handler.outcome(*args, **kwargs)
+            return outcome
+
+        return call
+
+    return decorate

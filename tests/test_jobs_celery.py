@@ -1,0 +1,189 @@
+"""Celery tasks limited across real workers (docs/jobs.md): prefork, 2 workers x 2 processes, a
+Redis broker, each started and stopped by the test.
+
+The broker and result backend live on a server of their own (the suite flushes its data server
+before every test; a broker's bindings must not go with it). The workers decide on the suite's
+server, whose URL they inherit (tests/jobs/settings.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("celery", reason="Celery is an optional extra (pip install "
+                                     "django-redislua[celery])")
+
+from django_redislua.testing import RedisServer  # noqa: E402
+from tests.processes import stop_group  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[str]:
+    with RedisServer() as server:
+        yield server.url
+
+
+@pytest.fixture
+def celery(broker: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The test app as a client (this process sends tasks and reads their states)."""
+    monkeypatch.setenv("JOBS_BROKER_URL", broker)
+    import redis
+
+    redis.Redis.from_url(broker).flushall()
+    from tests.jobs import celery_app
+
+    celery_app.app.conf.broker_url = celery_app.app.conf.result_backend = broker
+    return celery_app
+
+
+class Workers:
+    """``count`` Celery workers of ``processes`` prefork processes each."""
+
+    def __init__(self, broker: str, log_dir: Path, count: int = 2, processes: int = 2) -> None:
+        env = {**os.environ, "JOBS_BROKER_URL": broker, "PYTHONPATH": str(ROOT)}
+        env.pop("DJANGO_SETTINGS_MODULE", None)
+        self.processes = [
+            subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "tests.jobs.celery_app", "worker",
+                 "--pool", "prefork", "--concurrency", str(processes), "--hostname",
+                 f"w{i}@%h", "--without-gossip", "--without-mingle", "--loglevel", "INFO"],
+                cwd=ROOT, env=env, stdout=(log_dir / f"worker{i}.log").open("wb"),
+                stderr=subprocess.STDOUT, start_new_session=True)
+            for i in range(count)]
+        self.log_dir = log_dir
+
+    def wait_ready(self, app: Any, count: int) -> None:
+        """Until every worker answers a ping (each has its pool up and consumes)."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for process in self.processes:
+                assert process.poll() is None, self.logs()
+            if len(app.control.ping(timeout=0.5) or []) >= count:
+                return
+        raise AssertionError(f"workers not ready in 60 s\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-3000:]
+                         for p in sorted(self.log_dir.glob("worker*.log")))
+
+    def stop(self) -> None:
+        for process in self.processes:
+            stop_group(process)
+
+
+@pytest.fixture
+def workers(celery: Any, broker: str, tmp_path: Path) -> Iterator[Workers]:
+    running = Workers(broker, tmp_path)
+    try:
+        running.wait_ready(celery.app, 2)
+        yield running
+    finally:
+        running.stop()
+
+
+def notes(r: Any, kind: str) -> list[list[str]]:
+    return [entry.decode().split() for entry in r.lrange(f"jobs:{kind}", 0, -1)]
+
+
+def wait_for(r: Any, kind: str, count: int, workers: Workers, seconds: float) -> list[list[str]]:
+    """The notes of ``kind`` once there are ``count`` (the workers' logs if never)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = notes(r, kind)
+        if len(found) >= count:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"{len(notes(r, kind))} of {count} {kind} notes\n{workers.logs()}")
+
+
+def test_30_tasks_under_5_per_10s_all_run_once_never_6_in_10s(
+        celery: Any, workers: Workers, r: Any) -> None:
+    sent = time.time()
+    results = [celery.call_partner.delay(n) for n in range(30)]
+    # Ideal: 5 at once, then 5 every 10 s: the last starts 50 s after the first.
+    runs = wait_for(r, "partner", 30, workers, 50 * 1.15 + 30)
+    numbers = sorted(int(n) for n, *_ in runs)
+    assert numbers == list(range(30)), "each task runs exactly once"
+    # (asked_at, started): the admission happened between the two.
+    bounds = sorted((float(started), float(asked)) for _n, asked, started, _retries in runs)
+    for window in range(len(bounds) - 5):
+        six = bounds[window:window + 6]
+        assert six[-1][0] - min(asked for _started, asked in six) >= 10, six
+    last_start = bounds[-1][0]
+    assert last_start - sent <= 50 * 1.15, f"took {last_start - sent:.1f}s (ideal 50 s)"
+    # Rescheduled, never retried: Celery's retry budget (max_retries=3) is not spent.
+    assert {retries for *_rest, retries in runs} == {"0"}
+    assert [result.get(timeout=10) for result in results] == list(range(30))
+    assert "rate-limited by partner-api: put off by" in workers.logs()
+
+
+def test_a_singleton_sent_5_times_at_once_runs_once(
+        celery: Any, workers: Workers, r: Any) -> None:
+    results = [celery.nightly.delay(n, 2) for n in range(5)]
+    wait_for(r, "nightly", 1, workers, 30)
+    states = {}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        states = {result.id: result.state for result in results}
+        if sorted(states.values()) == ["SKIPPED"] * 4 + ["SUCCESS"]:
+            break
+        time.sleep(0.05)
+    assert sorted(states.values()) == ["SKIPPED"] * 4 + ["SUCCESS"], states
+    assert len(notes(r, "nightly")) == 1
+    skipped = next(result for result in results if result.state == "SKIPPED")
+    assert "fencing token" in skipped.info["held_by"]
+    assert "skipped: singleton 'tests.jobs.celery_app.nightly'" in workers.logs()
+
+
+def test_a_killed_singleton_holder_frees_it_when_its_lease_ends(
+        celery: Any, workers: Workers, r: Any) -> None:
+    first = celery.nightly.delay(0, 60)
+    (_n, pid, _started), = wait_for(r, "nightly", 1, workers, 30)
+    lock_key = "rl:lock:{tests.jobs.celery_app.nightly}"
+    os.kill(int(pid), signal.SIGKILL)
+    left = r.pttl(lock_key)
+    assert 0 < left <= 3000, "the lease is the singleton_timeout, renewed, never more"
+    while r.exists(lock_key):  # the dead holder's lease runs out on its own
+        time.sleep(0.05)
+    second = celery.nightly.delay(1, 0)
+    assert second.get(timeout=30) == 1
+    assert [n for n, *_ in notes(r, "nightly")] == ["0", "1"]
+    assert first.state != "SUCCESS"
+
+
+def test_a_concurrency_policy_of_2_never_has_3_running(
+        celery: Any, workers: Workers, r: Any) -> None:
+    results = [celery.export.delay(n) for n in range(8)]
+    assert sorted(result.get(timeout=60) for result in results) == list(range(8))
+    running = [int(n) for n, in notes(r, "export-running")]
+    assert max(running) == 2, running  # two ran at once, never three
+    assert r.zcard("rl:exports:cc:{tests.jobs.celery_app.export}") == 0  # every slot given back
+
+
+def test_called_outside_a_worker_a_denied_task_raises_and_a_skipped_one_returns_none(
+        celery: Any, r: Any) -> None:
+    from django.test import override_settings
+
+    from django_redislua.jobs.celery import JobLimited
+    from tests.jobs import settings as job_settings
+
+    with override_settings(REDISLUA=job_settings.REDISLUA):
+        for n in range(5):
+            assert celery.call_partner(n) == n
+        with pytest.raises(JobLimited, match="rate-limited by partner-api") as denied:
+            celery.call_partner(5)
+        assert 9 < denied.value.retry_in <= 11
+        assert celery.call_partner.apply(args=(6,)).state == "FAILURE"  # eager: raised
