@@ -162,6 +162,8 @@ DJANGO_FACING = (
     # Other packages' internals the app reads, each with its fallback (docs/versions.md).
     "tests/test_internals.py",
 )
+# - Django 6's own django.tasks (Django 5.2 runs the backport), under django-tasks-db's worker.
+DJANGO_TASKS = ("tests/test_jobs_tasks.py",)
 # - Python's: asyncio under the async locks, and under the lean transport's async path (the
 #   newest Python only: it reads redis-py's asyncio internals, which follow asyncio's).
 ASYNCIO = ("tests/test_locks_async.py",)
@@ -176,7 +178,8 @@ REDIS_FACING = (
 )
 # (name, Python, pins, whether the machine's redis-server is visible, the tests it runs)
 COMBINATIONS = (
-    ("django61", "3.13", ("Django>=6.1,<6.2",), True, (*DJANGO_FACING, *ASYNCIO, *LEAN)),
+    ("django61", "3.13", ("Django>=6.1,<6.2", "django-tasks-db>=0.13"), True,
+     (*DJANGO_FACING, *ASYNCIO, *LEAN, *DJANGO_TASKS)),
     ("django60", "3.12", ("Django>=6.0,<6.1",), True, (*DJANGO_FACING, *ASYNCIO)),
     ("redis5", "3.11", ("Django>=5.2,<5.3", "redis[hiredis]==5.0.1"), False, REDIS_FACING),
 )

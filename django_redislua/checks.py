@@ -16,6 +16,7 @@ from django.core.checks import CheckMessage, Error, Info, Tags, Warning, registe
 
 from django_redislua.conf import DEFAULTS, SCHEMA
 from django_redislua.exchange import ASYNC_CLUSTER_PUBSUB, POLL_INTERVAL
+from django_redislua.jobs.gate import known_gates
 from django_redislua.limiting.decision import PolicyError
 from django_redislua.limiting.definition import POLICY_OPTIONS
 from django_redislua.limiting.registry import broken_in_settings, build_policy
@@ -78,6 +79,8 @@ FIXES = {
     "redislua.E029": "Name the policy on the view: throttle_policy = \"api\" (a name or a "
                      "list); or take PolicyThrottle out of its throttle_classes "
                      "(throttle_policy = None says no policy on purpose).",
+    "redislua.E031": "Give the policy a fixed rate (or a policy of its own for the job): a "
+                     "background job has no request to take a rate from.",
     "redislua.E030": "Use \"count_failures\": True (a 4xx is a failure), a list of statuses "
                      "such as [401], or a callable (request, response) -> bool; on a rate "
                      "algorithm, with a window period of at least 1 s.",
@@ -428,7 +431,28 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
         *_policies(config),
         *_middleware_policies(config),
         *_drf_rates(),
+        *_jobs(),
     ]
+
+
+def _jobs() -> list[CheckMessage]:
+    """The policies of every background job defined so far (django_redislua.jobs): each one
+    in the settings, none taking its rate from a request. Jobs defined later (a task module
+    imported after the checks ran) raise the same error when they first run."""
+    if not isinstance(getattr(django_settings, "REDISLUA", {}).get("POLICIES", {}), dict):
+        return []  # _policies reports it
+    errors: list[CheckMessage] = []
+    for gate in known_gates():
+        names = [n for n in gate.policy_names if isinstance(n, str)]
+        if any(broken_in_settings(name) for name in names):
+            continue  # _policies reports the policy itself
+        try:
+            gate.policies()
+        except PolicyError as exc:
+            said = str(exc)  # E031 names the job itself; E021 is about a name
+            errors.append(_error(exc.check_id, f"J{said[1:]}" if exc.check_id == "redislua.E031"
+                                 else f"Job {gate.name!r}: {said}"))
+    return errors
 
 
 @register(Tags.urls)

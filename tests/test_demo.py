@@ -5,6 +5,7 @@ demo (and dev.py around it) without a traceback, its embedded Redis with it."""
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import os
 import re
 import shutil
@@ -39,7 +40,14 @@ def demo(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "demo"]
     settings.ROOT_URLCONF = "demo.urls"
     settings.REDISLUA = {**settings.REDISLUA, "POLICIES": demo_settings.REDISLUA["POLICIES"]}
+    settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = settings.REDIS_URL
+    loaded = set(sys.modules)
     yield demo_settings
+    # The demo's jobs name its policies: unloaded, the system checks of later tests (on the
+    # suite's settings) pass over them.
+    for name in set(sys.modules) - loaded:
+        if name.startswith("demo."):
+            del sys.modules[name]
 
 
 def test_the_readme_quickstart_url_is_served_as_the_readme_says(demo: Any) -> None:
@@ -59,6 +67,33 @@ def test_the_async_view_is_not_spent_by_the_limited_pages_reloads(demo: Any) -> 
     allowed = [client.get("/async/") for _ in range(6)]
     assert [r.status_code for r in allowed] == [200] * 5 + [429]  # its own 5 a minute
     assert allowed[0]["RateLimit-Policy"] == '"async-demo";q=5;w=60'
+
+
+def test_the_jobs_page_sends_tasks_a_worker_would_limit(demo: Any, r: Any) -> None:
+    pytest.importorskip("celery")
+    client = Client()
+    assert "Send 12 partner calls" in client.get("/jobs/").content.decode()
+    page = client.post("/jobs/", {"action": "partner"}).content.decode()
+    assert "Sent 12 partner calls." in page
+    assert page.count("<td>partner</td>") == 12 and "PENDING" in page  # no worker here
+    # The worker's side is tests/test_jobs_celery.py's; the tasks are the ones it runs.
+    from demo import tasks
+
+    assert tasks.call_partner.redislua_gate().policy_names == ("partner-api",)
+    assert tasks.nightly_sync.redislua_gate().singleton == "demo.tasks.nightly_sync"
+    assert 'href="/jobs/"' in client.get("/").content.decode()
+
+
+def test_the_nightly_report_command_runs_once_a_day(demo: Any) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    outs = [StringIO(), StringIO()]
+    for out in outs:
+        call_command("nightly_report", stdout=out)
+    assert outs[0].getvalue() == "ran: report sent\n"
+    assert outs[1].getvalue().startswith(f"done already today: by {socket.gethostname()[:100]}:")
 
 
 def test_ctrl_c_while_the_demo_prepares_ends_it_quietly(
@@ -151,3 +186,10 @@ def test_ctrl_c_stops_the_demo_without_a_traceback(how: str, tmp_path: Path) -> 
     assert redis_url, out
     assert not listening(int(redis_url.group(1)))  # the embedded Redis went with it
     assert not listening(port)
+    worker = re.search(r"Celery worker: pid (\d+)", out)
+    if importlib.util.find_spec("celery") is None:
+        assert worker is None, out  # no Celery, no worker: the demo runs without one
+        return
+    assert worker, out  # with Celery the demo started its worker
+    with pytest.raises(ProcessLookupError):  # and stopped it
+        os.kill(int(worker.group(1)), 0)

@@ -22,8 +22,8 @@ import pytest
 pytest.importorskip("celery", reason="Celery is an optional extra (pip install "
                                      "django-redislua[celery])")
 
-from django_redislua.testing import RedisServer  # noqa: E402
-from tests.processes import stop_group  # noqa: E402
+from django_redislua.testing import RedisServer
+from tests.processes import stop_group
 
 pytestmark = pytest.mark.slow
 
@@ -36,17 +36,28 @@ def broker() -> Iterator[str]:
         yield server.url
 
 
+class Client:
+    """Sends the workers' tasks by name and reads their states. The tasks module is not
+    imported here: its jobs name policies this process's settings do not have, and the system
+    checks of every later test in this process would report them."""
+
+    def __init__(self, broker: str) -> None:
+        from celery import Celery
+
+        self.app = Celery("jobs-client", broker=broker, backend=broker)
+
+    def send(self, task: str, *args: Any) -> Any:
+        return self.app.send_task(f"tests.jobs.celery_app.{task}", args=args)
+
+
 @pytest.fixture
-def celery(broker: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The test app as a client (this process sends tasks and reads their states)."""
-    monkeypatch.setenv("JOBS_BROKER_URL", broker)
+def celery(broker: str) -> Iterator[Client]:
     import redis
 
     redis.Redis.from_url(broker).flushall()
-    from tests.jobs import celery_app
-
-    celery_app.app.conf.broker_url = celery_app.app.conf.result_backend = broker
-    return celery_app
+    client = Client(broker)
+    yield client
+    client.app.close()
 
 
 class Workers:
@@ -85,7 +96,7 @@ class Workers:
 
 
 @pytest.fixture
-def workers(celery: Any, broker: str, tmp_path: Path) -> Iterator[Workers]:
+def workers(celery: Client, broker: str, tmp_path: Path) -> Iterator[Workers]:
     running = Workers(broker, tmp_path)
     try:
         running.wait_ready(celery.app, 2)
@@ -110,9 +121,9 @@ def wait_for(r: Any, kind: str, count: int, workers: Workers, seconds: float) ->
 
 
 def test_30_tasks_under_5_per_10s_all_run_once_never_6_in_10s(
-        celery: Any, workers: Workers, r: Any) -> None:
+        celery: Client, workers: Workers, r: Any) -> None:
     sent = time.time()
-    results = [celery.call_partner.delay(n) for n in range(30)]
+    results = [celery.send("call_partner", n) for n in range(30)]
     # Ideal: 5 at once, then 5 every 10 s: the last starts 50 s after the first.
     runs = wait_for(r, "partner", 30, workers, 50 * 1.15 + 30)
     numbers = sorted(int(n) for n, *_ in runs)
@@ -131,8 +142,8 @@ def test_30_tasks_under_5_per_10s_all_run_once_never_6_in_10s(
 
 
 def test_a_singleton_sent_5_times_at_once_runs_once(
-        celery: Any, workers: Workers, r: Any) -> None:
-    results = [celery.nightly.delay(n, 2) for n in range(5)]
+        celery: Client, workers: Workers, r: Any) -> None:
+    results = [celery.send("nightly", n, 2) for n in range(5)]
     wait_for(r, "nightly", 1, workers, 30)
     states = {}
     deadline = time.monotonic() + 30
@@ -149,8 +160,8 @@ def test_a_singleton_sent_5_times_at_once_runs_once(
 
 
 def test_a_killed_singleton_holder_frees_it_when_its_lease_ends(
-        celery: Any, workers: Workers, r: Any) -> None:
-    first = celery.nightly.delay(0, 60)
+        celery: Client, workers: Workers, r: Any) -> None:
+    first = celery.send("nightly", 0, 60)
     (_n, pid, _started), = wait_for(r, "nightly", 1, workers, 30)
     lock_key = "rl:lock:{tests.jobs.celery_app.nightly}"
     os.kill(int(pid), signal.SIGKILL)
@@ -158,15 +169,15 @@ def test_a_killed_singleton_holder_frees_it_when_its_lease_ends(
     assert 0 < left <= 3000, "the lease is the singleton_timeout, renewed, never more"
     while r.exists(lock_key):  # the dead holder's lease runs out on its own
         time.sleep(0.05)
-    second = celery.nightly.delay(1, 0)
+    second = celery.send("nightly", 1, 0)
     assert second.get(timeout=30) == 1
     assert [n for n, *_ in notes(r, "nightly")] == ["0", "1"]
     assert first.state != "SUCCESS"
 
 
 def test_a_concurrency_policy_of_2_never_has_3_running(
-        celery: Any, workers: Workers, r: Any) -> None:
-    results = [celery.export.delay(n) for n in range(8)]
+        celery: Client, workers: Workers, r: Any) -> None:
+    results = [celery.send("export", n) for n in range(8)]
     assert sorted(result.get(timeout=60) for result in results) == list(range(8))
     running = [int(n) for n, in notes(r, "export-running")]
     assert max(running) == 2, running  # two ran at once, never three
@@ -174,16 +185,31 @@ def test_a_concurrency_policy_of_2_never_has_3_running(
 
 
 def test_called_outside_a_worker_a_denied_task_raises_and_a_skipped_one_returns_none(
-        celery: Any, r: Any) -> None:
-    from django.test import override_settings
+        r: Any) -> None:
+    from celery import Celery
 
-    from django_redislua.jobs.celery import JobLimited
-    from tests.jobs import settings as job_settings
+    from django_redislua.jobs.celery import JobLimited, RedisluaTask
+    from django_redislua.limiting import Policy
+    from django_redislua.locks import Lock
 
-    with override_settings(REDISLUA=job_settings.REDISLUA):
-        for n in range(5):
-            assert celery.call_partner(n) == n
-        with pytest.raises(JobLimited, match="rate-limited by partner-api") as denied:
-            celery.call_partner(5)
-        assert 9 < denied.value.retry_in <= 11
-        assert celery.call_partner.apply(args=(6,)).state == "FAILURE"  # eager: raised
+    app = Celery("outside")
+    partner = Policy("jobs-outside", rate="5/10s", algorithm="sliding_log")
+
+    @app.task(base=RedisluaTask, policies=[partner])
+    def call(n: int) -> int:
+        return n
+
+    @app.task(base=RedisluaTask, singleton="jobs-outside-nightly")
+    def nightly() -> str:
+        return "ran"
+
+    assert [call(n) for n in range(5)] == list(range(5))
+    with pytest.raises(JobLimited, match="rate-limited by jobs-outside") as denied:
+        call(5)
+    assert denied.value.denied_by == ("jobs-outside",) and 9 < denied.value.retry_in <= 11
+    eager = call.apply(args=(6,))
+    assert eager.state == "FAILURE" and isinstance(eager.result, JobLimited)
+    with Lock("jobs-outside-nightly", timeout=30):
+        assert nightly() is None
+    assert nightly() == "ran"
+    app.close()

@@ -42,6 +42,8 @@ from django_redislua.checks import check_settings
 from django_redislua.compat import Ratelimited, get_usage, is_ratelimited
 from django_redislua.compat import ratelimit as compat_ratelimit
 from django_redislua.decorators import ratelimit
+from django_redislua.jobs import JobGate
+from django_redislua.jobs.gate import RAN, RATE_LIMITED, SKIPPED
 from django_redislua.limiting import Policy, evaluate
 from django_redislua.limiting.definition import ALGORITHMS
 from django_redislua.locks import (
@@ -83,6 +85,7 @@ OTEL_NAMES = {
     "redislua.lock.acquired": {"result"},
     "redislua.lock.wait.duration": set(),
     "redislua.lock.lost": set(),
+    "redislua.jobs": {"job", "outcome"},
 }
 PROM_LABELS = {  # sample name -> its label names (buckets add "le")
     "redislua_decisions_total": {"policy", "algorithm", "result"},
@@ -95,6 +98,7 @@ PROM_LABELS = {  # sample name -> its label names (buckets add "le")
     "redislua_lock_wait_seconds_count": set(),
     "redislua_lock_wait_seconds_sum": set(),
     "redislua_lock_lost_total": set(),
+    "redislua_jobs_total": {"job", "outcome"},
 }
 
 
@@ -1095,6 +1099,11 @@ def test_no_label_ever_holds_an_identity(meter: Meter, otel_reader: InMemoryMetr
     holder = Lock(LOCK_NAME, timeout=5)
     holder.acquire()
     Lock(LOCK_NAME, timeout=5).acquire(blocking=False)
+    # A job limited per identity, and one whose singleton is the lock held: the job's name is
+    # its label, never the identity it is limited by, nor its lock's name.
+    job = JobGate("mx-sync", policies=[Policy("mx-job", rate="1/h")], key=DIRECT_ID)
+    assert [job.admit().status for _ in range(2)] == ["run", "limited"]
+    assert JobGate("mx-nightly", singleton=LOCK_NAME).admit().status == "skipped"
     holder.release()
     short = Lock(LOCK_NAME, timeout=0.05)
     short.acquire()
@@ -1118,7 +1127,8 @@ def test_no_label_ever_holds_an_identity(meter: Meter, otel_reader: InMemoryMetr
     # (the text format's parser reads each ``_created`` series as a family of its own)
     assert {name.removesuffix("_created") for name in families} == {
         "redislua_decisions", "redislua_decision_seconds", "redislua_redis_errors",
-        "redislua_lock_acquired", "redislua_lock_wait_seconds", "redislua_lock_lost"}
+        "redislua_lock_acquired", "redislua_lock_wait_seconds", "redislua_lock_lost",
+        "redislua_jobs"}
     for family in families.values():
         for sample in family.samples:
             name = sample.name.removesuffix("_created")
@@ -1135,6 +1145,8 @@ def test_no_label_ever_holds_an_identity(meter: Meter, otel_reader: InMemoryMetr
                 assert sample.labels["result"] in allowed, sample
             if "algorithm" in sample.labels:
                 assert sample.labels["algorithm"] in ALGORITHMS, sample
+            if "outcome" in sample.labels:
+                assert sample.labels["outcome"] in (RAN, RATE_LIMITED, SKIPPED), sample
             if "operation" in sample.labels:
                 assert sample.labels["operation"].startswith("django_redislua."), sample
 
@@ -1146,11 +1158,29 @@ def test_no_label_ever_holds_an_identity(meter: Meter, otel_reader: InMemoryMetr
             assert not any(mark in str(value) for mark in IDENTITY_MARKS), (name, attributes)
 
 
+def test_each_job_call_is_counted_by_its_name_and_outcome(r: Any) -> None:
+    def count(outcome: str) -> float:
+        return REGISTRY.get_sample_value(
+            "redislua_jobs_total", {"job": "mx-report", "outcome": outcome}) or 0.0
+
+    before = {outcome: count(outcome) for outcome in (RAN, RATE_LIMITED, SKIPPED)}
+    gate = JobGate("mx-report", policies=[Policy("mx-report", rate="2/h")], singleton=True)
+    first = gate.admit()
+    assert gate.admit().status == "skipped"  # the first holds the singleton
+    gate.done(first)
+    gate.done(gate.admit())
+    assert gate.admit().status == "limited"
+    assert {outcome: count(outcome) - before[outcome] for outcome in before} == {
+        RAN: 2, RATE_LIMITED: 1, SKIPPED: 1}
+
+
 # -- REDISLUA["METRICS"] --------------------------------------------------------------------------
 
 def traffic() -> None:
-    """One decision, one Redis error, one lock acquisition (with its wait), one lost lease."""
+    """One decision, one Redis error, one lock acquisition (with its wait), one lost lease, one
+    job's call."""
     Policy("mx-setting", rate="5/h", algorithm="sliding_log").hit(DIRECT_ID)
+    JobGate("mx-setting").admit()
     lock = Lock(LOCK_NAME, timeout=0.05)
     assert lock.acquire()
     time.sleep(0.1)
@@ -1193,7 +1223,8 @@ def test_metrics_setting_picks_the_sinks(meter: Meter, setting: Any,
                               "redislua_redis_errors_total", "redislua_lock_acquired_total",
                               "redislua_lock_wait_seconds_bucket",
                               "redislua_lock_wait_seconds_count",
-                              "redislua_lock_wait_seconds_sum", "redislua_lock_lost_total"}
+                              "redislua_lock_wait_seconds_sum", "redislua_lock_lost_total",
+                                  "redislua_jobs_total"}
     if expected[1]:
         assert otel_moved == set(OTEL_NAMES)
 

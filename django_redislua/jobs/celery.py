@@ -30,12 +30,14 @@ one returns None, as ``@singleton`` does.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from celery import Task
 from celery.exceptions import Ignore
 
 from django_redislua.jobs.gate import Admission, Cost, JobGate, Key
+from django_redislua.limiting.policy import Policy
 
 __all__ = ["RATE_LIMITED", "SKIPPED", "JobLimited", "RedisluaTask"]
 
@@ -60,7 +62,7 @@ class JobLimited(Exception):
 class RedisluaTask(Task):  # type: ignore[misc]  # celery ships no types
     """Celery's Task, with REDISLUA policies and a singleton lock decided before it runs."""
 
-    policies: ClassVar[str | tuple[str, ...] | list[str]] = ()
+    policies: ClassVar[str | Policy | Sequence[str | Policy]] = ()
     limit_key: ClassVar[Key] = None
     limit_cost: ClassVar[Cost] = 1
     limit_poll: ClassVar[float | str] = "1s"
@@ -70,16 +72,17 @@ class RedisluaTask(Task):  # type: ignore[misc]  # celery ships no types
 
     _gate: JobGate | None = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Celery makes a class per task, its name and options given: the gate is made now, so
+        # the system checks see its policies (redislua.E021, E031) before it first runs.
+        super().__init_subclass__(**kwargs)
+        cls._gate = _gate_of(cls) if vars(cls).get("name") else None
+
     def redislua_gate(self) -> JobGate:
-        """This task's :class:`JobGate`, made from its options at its first call."""
+        """This task's :class:`JobGate`, made from its options."""
         gate = type(self)._gate
-        if gate is None or gate.name != self.name:
-            key, cost, singleton = (_plain(type(self), attr) for attr in (
-                "limit_key", "limit_cost", "singleton"))
-            gate = JobGate(self.name, policies=self.policies, key=key, cost=cost,
-                           singleton=singleton, singleton_timeout=self.singleton_timeout,
-                           poll=self.limit_poll, jitter=self.limit_jitter)
-            type(self)._gate = gate
+        if gate is None or gate.name != self.name:  # a task class made some other way
+            gate = type(self)._gate = _gate_of(type(self), self.name)
         return gate
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -124,6 +127,14 @@ class RedisluaTask(Task):  # type: ignore[misc]  # celery ships no types
         except Exception as exc:  # the backend's own failure must not lose the task
             logger.warning("task %s[%s]: state %s not stored (%s)", self.name, request.id,
                            state, exc)
+
+
+def _gate_of(cls: type[RedisluaTask], name: str | None = None) -> JobGate:
+    key, cost, singleton = (_plain(cls, attr) for attr in ("limit_key", "limit_cost",
+                                                           "singleton"))
+    return JobGate(name or cls.name, policies=cls.policies, key=key, cost=cost,
+                   singleton=singleton, singleton_timeout=cls.singleton_timeout,
+                   poll=cls.limit_poll, jitter=cls.limit_jitter, module=cls.__module__)
 
 
 def _plain(cls: type, attr: str) -> Any:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,6 +41,16 @@ RAN, RATE_LIMITED, SKIPPED = "ran", "rate_limited", "skipped"
 
 Key = str | Callable[..., str] | None
 Cost = int | Callable[..., int]
+
+# Every gate made (each job's, at its definition): the system checks read their policies.
+_gates: weakref.WeakSet[JobGate] = weakref.WeakSet()
+
+
+def known_gates() -> list[JobGate]:
+    """The gates of the jobs defined so far in this process (by name), but those whose
+    defining module has been unloaded since."""
+    return sorted((gate for gate in _gates if gate.module is None or gate.module in sys.modules),
+                  key=lambda gate: gate.name)
 
 
 @dataclass
@@ -69,16 +81,20 @@ class JobGate:
     or a callable given the job's arguments) at ``cost``; and ``singleton``, the name of a
     lock (True: the job's name; or a callable given the arguments) held while it runs,
     renewed, expiring ``singleton_timeout`` after a crashed holder's last renewal.
+    ``module`` names the module defining the job, if any (see :func:`known_gates`).
 
     A concurrency policy's denial is tried again after at most ``poll``: its own wait is
     when the oldest slot's lease would end, usually long after the job holding it is done.
     """
 
-    def __init__(self, name: str, *, policies: str | Sequence[str | Policy] = (),
+    def __init__(self, name: str, *, policies: str | Policy | Sequence[str | Policy] = (),
                  key: Key = None, cost: Cost = 1, singleton: bool | Key = None,
                  singleton_timeout: float | str = "10m", poll: float | str = "1s",
-                 jitter: float | str = "1s") -> None:
+                 jitter: float | str = "1s", module: str | None = None) -> None:
         self.name = name
+        # The module that defines the job: the system checks pass over a job whose module is
+        # gone (unloaded), as a page of tested docs or a test's throwaway task is.
+        self.module = module
         self.policy_names = (policies,) if isinstance(policies, (str, Policy)) else tuple(
             policies)
         self.key, self.cost = key, cost
@@ -86,6 +102,7 @@ class JobGate:
         self.singleton_timeout = parse_duration(singleton_timeout)
         self.poll = parse_duration(poll)
         self.jitter = parse_duration(jitter)
+        _gates.add(self)
 
     # -- what the job's arguments make ----------------------------------------------------------
 

@@ -30,7 +30,7 @@ with that record; nothing is dropped and nothing counts as a failure.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -38,6 +38,7 @@ from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.utils import timezone
 
 from django_redislua.jobs.gate import Cost, JobGate, Key
+from django_redislua.limiting.policy import Policy
 
 try:
     from django.tasks import task as _task  # type: ignore[import-not-found,unused-ignore]
@@ -47,7 +48,8 @@ except ImportError:  # Django 5.2: the django-tasks backport
 __all__ = ["limited_task"]
 
 
-def limited_task(*, policies: str | tuple[str, ...] | list[str] = (), limit_key: Key = None,
+def limited_task(*, policies: str | Policy | Sequence[str | Policy] = (),
+                 limit_key: Key = None,
                  limit_cost: Cost = 1, limit_poll: float | str = "1s",
                  limit_jitter: float | str = "1s", singleton: bool | Key = None,
                  singleton_timeout: float | str = "10m", **options: Any
@@ -59,7 +61,7 @@ def limited_task(*, policies: str | tuple[str, ...] | list[str] = (), limit_key:
         gate = JobGate(f"{func.__module__}.{func.__qualname__}", policies=policies,
                        key=limit_key, cost=limit_cost, singleton=singleton,
                        singleton_timeout=singleton_timeout, poll=limit_poll,
-                       jitter=limit_jitter)
+                       jitter=limit_jitter, module=func.__module__)
         body = async_to_sync(func) if iscoroutinefunction(func) else func
         with_context = bool(options.get("takes_context"))
         made: list[Any] = []  # the Task, once made: a denied run enqueues it again

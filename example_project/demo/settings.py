@@ -72,8 +72,15 @@ REDISLUA = {
         # The flash sale's orders (demo/views.py): 5 a minute per IP; reading the page is free.
         "flash-sale": {"algorithm": "sliding_log", "rate": "5/m", "key": "ip",
                        "methods": ["POST"]},
+        # The Celery task demo/tasks.py limits across every worker (the /jobs/ page).
+        "partner-api": {"algorithm": "sliding_log", "rate": "5/10s"},
     },
 }
+
+# The worker `manage.py demo` starts beside the server (when Celery is installed): the demo's
+# Redis is its broker and keeps the tasks' states.
+CELERY_BROKER_URL = CELERY_RESULT_BACKEND = REDIS_URL
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # Rates of the django_redislua.drf throttles in demo/api.py (read live; any engine rate form).
 REST_FRAMEWORK = {

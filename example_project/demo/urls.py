@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from demo import api, coordination, views
+from demo import api, coordination, jobs, views
 
 urlpatterns = [
     path("", views.index, name="index"),
@@ -16,6 +16,7 @@ urlpatterns = [
     path("coordination/", coordination.coordination, name="coordination"),
     path("flash-sale/", views.flash_sale, name="flash-sale"),
     path("queue/", views.queue, name="queue"),
+    path("jobs/", jobs.jobs, name="jobs"),
     path("api/", include(api.router.urls)),
     path("admin/", admin.site.urls),
 ]

@@ -1,0 +1,216 @@
+"""Background jobs on a real server (docs/jobs.md): ``once_per`` under cron on several hosts,
+and what :class:`~django_redislua.jobs.JobGate` promises whatever framework runs the job
+(the Celery workers are tests/test_jobs_celery.py's, Django's tasks tests/test_jobs_tasks.py's).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from django_redislua.jobs import JobGate, once_per
+from django_redislua.limiting import clock
+from django_redislua.limiting.decision import PolicyError
+from django_redislua.limiting.policy import Policy
+from django_redislua.locks import Lock
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A cron job as docs/jobs.md shows it, run by a process of its own as cron would on each host.
+CRON = textwrap.dedent("""
+    import json, os, sys, time
+    import django
+    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    django.setup()
+    from django_redislua.connection import get_client
+    from django_redislua.jobs import once_per
+
+    mode = sys.argv[1]
+
+    @once_per("day", name="nightly-report", tz="Europe/Paris", timeout="2s")
+    def nightly_report():
+        get_client().rpush("cron:runs", os.getpid())
+        if mode == "crash":
+            raise RuntimeError("the report's database is down")
+        time.sleep(float(sys.argv[2]))
+        return "sent"
+
+    start_at = float(sys.argv[3])
+    time.sleep(max(0.0, start_at - time.time()))  # every host's cron fires at this second
+    try:
+        outcome = nightly_report()
+    except RuntimeError as exc:
+        print(json.dumps({"status": "raised", "error": str(exc)}))
+    else:
+        print(json.dumps({"status": outcome.status, "result": outcome.result,
+                          "ran_by": outcome.ran_by, "pid": os.getpid()}))
+""")
+
+
+def cron(mode: str, seconds: float, start_at: float) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", CRON, mode, str(seconds), str(start_at)],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def outcome(process: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    return dict(json.loads(out))
+
+
+def test_three_hosts_firing_in_the_same_second_run_a_daily_job_once(r: Any) -> None:
+    start_at = time.time() + 2  # past every process's start-up
+    hosts = [cron("ok", 0.5, start_at) for _ in range(3)]
+    outcomes = [outcome(host) for host in hosts]
+    ran = [o for o in outcomes if o["status"] == "ran"]
+    assert len(ran) == 1, outcomes
+    assert r.lrange("cron:runs", 0, -1) == [str(ran[0]["pid"]).encode()]
+    for other in outcomes:
+        if other is not ran[0]:
+            # Told who ran it: done (with its result), or running still (wait=False).
+            assert other["status"] in ("done", "running"), other
+            assert other["ran_by"].endswith(f":{ran[0]['pid']}")
+            assert other["result"] == ("sent" if other["status"] == "done" else None)
+    assert outcome(cron("ok", 0, time.time()))["status"] == "done"  # later that day: done
+
+
+def test_a_crashed_first_run_leaves_the_day_to_the_next(r: Any) -> None:
+    assert outcome(cron("crash", 0, time.time())) == {
+        "status": "raised", "error": "the report's database is down"}
+    second = outcome(cron("ok", 0, time.time()))
+    assert second["status"] == "ran" and second["result"] == "sent"
+    # A run killed mid-way (SIGKILL: nothing stored) frees the day when its lease (2 s) ends.
+    r.flushall()
+    killed = cron("ok", 60, time.time())
+    while not r.llen("cron:runs"):
+        assert killed.poll() is None
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert outcome(cron("ok", 0, time.time()))["status"] == "running"  # its lease holds
+    key, = r.scan_iter("rl:once:*nightly-report*")
+    assert 0 < r.pttl(key) <= 2000  # the lease, renewed, never more
+    while r.exists(key):  # nobody renews it now: it runs out
+        time.sleep(0.05)
+    after = outcome(cron("ok", 0, time.time()))
+    assert after["status"] == "ran"
+
+
+def test_the_period_follows_the_redis_clock_into_the_next_day(r: Any) -> None:
+    runs: list[int] = []
+
+    @once_per("day", name="rollup", tz="America/New_York")
+    def rollup() -> int:
+        runs.append(1)
+        return len(runs)
+
+    try:
+        assert rollup().status == "ran"
+        assert rollup().status == "done" and rollup().result == 1
+        clock.advance(86_400)  # the pytest plugin's clock: tomorrow
+        tomorrow = rollup()
+        assert (tomorrow.status, tomorrow.result) == ("ran", 2)
+    finally:
+        clock.reset()
+    assert len(runs) == 2
+
+
+def test_policies_are_all_or_nothing_and_a_denial_says_when(r: Any) -> None:
+    burst = Policy("jobs-burst", rate="2/m", algorithm="sliding_log")
+    hourly = Policy("jobs-hourly", rate="3/h", algorithm="fixed_window")
+    gate = JobGate("sync", policies=[burst, hourly])
+    assert [gate.admit().status for _ in range(3)] == ["run", "run", "limited"]
+    denied = gate.admit()
+    assert denied.denied_by == ("jobs-burst",)
+    assert 59 < denied.retry_in <= 60 + 1  # the burst's wait, plus at most 1 s of jitter
+    assert hourly.peek("sync").remaining == 1  # the denied calls took nothing from the hour
+
+
+def test_a_concurrency_slot_is_given_back_when_the_job_ends_however_it_ends(r: Any) -> None:
+    slots = Policy("jobs-slots", limit=1, algorithm="concurrency", timeout="1m")
+    gate = JobGate("export", policies=[slots], poll="2s")
+    first = gate.admit()
+    assert first.status == "run"
+    blocked = gate.admit()
+    # Its own wait is the lease's end, a minute away: polled every 2 s instead.
+    assert blocked.status == "limited" and 2 <= blocked.retry_in <= 2.2
+    gate.done(first)
+    assert gate.admit().status == "run"
+
+
+def test_a_held_singleton_skips_and_says_who_holds_it(
+        r: Any, caplog: pytest.LogCaptureFixture) -> None:
+    gate = JobGate("nightly", singleton=True, singleton_timeout="30s",
+                   policies=[Policy("jobs-never", rate="1/h")])
+    with Lock("nightly", timeout=30) as held:
+        with caplog.at_level(logging.INFO, "django_redislua.jobs"):
+            skipped = gate.admit()
+        assert skipped.status == "skipped"
+        assert f"fencing token {held.token}" in skipped.held_by
+        assert "job nightly skipped" in caplog.text
+    admitted = gate.admit()
+    assert admitted.status == "run" and admitted.lock is not None
+    gate.done(admitted)
+    assert not Lock("nightly", timeout=1).locked()
+    # Denied by its policy, it does not keep the lock it took first.
+    again = gate.admit()
+    assert again.status == "limited" and not Lock("nightly", timeout=1).locked()
+
+
+def test_redis_failing_follows_fail_open_but_never_runs_a_singleton_unlocked(
+        r: Any, caplog: pytest.LogCaptureFixture) -> None:
+    limited = JobGate("partner", policies=[Policy("jobs-partner", rate="5/m")], poll="3s")
+    singleton = JobGate("nightly", singleton=True, poll="3s")
+    down = {"CONNECTION": "redis://127.0.0.1:1/0", "SOCKET_TIMEOUT": 0.2}
+    with override_settings(REDISLUA={**_redislua(), **down, "FAIL_OPEN": True}):
+        assert limited.admit().status == "run"
+        assert singleton.admit().status == "limited"
+    with override_settings(REDISLUA={**_redislua(), **down, "FAIL_OPEN": False}):
+        put_off = limited.admit()
+        assert put_off.status == "limited" and 3 <= put_off.retry_in <= 3.3
+        assert put_off.denied_by == ()
+
+
+def test_a_policy_whose_rate_needs_a_request_is_refused_by_name(r: Any) -> None:
+    per_plan = {"per-plan": {"rate": "tests.testapp.ratelimit_views.staff_unlimited"}}
+    with (override_settings(REDISLUA={**_redislua(), "POLICIES": per_plan}),
+          pytest.raises(PolicyError, match="'per-plan' takes its rate from a request")):
+        JobGate("report", policies="per-plan").admit()
+
+
+def test_the_system_checks_name_a_job_whose_policy_is_unknown_or_needs_a_request(
+        r: Any) -> None:
+    from django_redislua.checks import check_settings
+
+    per_plan = {"per-plan": {"rate": "tests.testapp.ratelimit_views.staff_unlimited"}}
+    with override_settings(REDISLUA={**_redislua(), "POLICIES": per_plan}):
+        unknown = JobGate("jobs.sync_crm", policies=["crm"], module=__name__)
+        dynamic = JobGate("jobs.report", policies="per-plan", module=__name__)
+        unloaded = JobGate("gone.job", policies=["crm"], module="a_module_not_loaded")
+        messages = {(m.id, m.msg) for m in check_settings()}
+        assert messages == {
+            ("redislua.E021", "Job 'jobs.sync_crm': no REDISLUA policy named 'crm' "
+                              "(known: per-plan)"),
+            ("redislua.E031", "Job 'jobs.report': policy 'per-plan' takes its rate from a "
+                              "request; a background job has none (give it a fixed rate)"),
+        }
+        del unknown, dynamic, unloaded
+        assert check_settings() == []  # the gates went with their last reference
+
+
+def _redislua() -> dict[str, Any]:
+    from django.conf import settings
+
+    return dict(settings.REDISLUA)
