@@ -209,6 +209,7 @@ def test_called_outside_a_worker_a_denied_task_raises_and_a_skipped_one_returns_
     assert denied.value.denied_by == ("jobs-outside",) and 9 < denied.value.retry_in <= 11
     eager = call.apply(args=(6,))
     assert eager.state == "FAILURE" and isinstance(eager.result, JobLimited)
+    assert eager.result.denied_by == ("jobs-outside",) and "try again in" in str(eager.result)
     with Lock("jobs-outside-nightly", timeout=30):
         assert nightly() is None
     assert nightly() == "ran"

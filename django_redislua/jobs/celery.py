@@ -49,14 +49,22 @@ SKIPPED = "SKIPPED"
 
 
 class JobLimited(Exception):
-    """A task called outside a worker was denied by its policies: ``retry_in`` seconds."""
+    """A task called outside a worker was denied by its policies: try again in ``retry_in``
+    seconds. Picklable (its arguments are its fields): an eager result carries it."""
 
-    def __init__(self, name: str, admission: Admission) -> None:
+    def __init__(self, message: str, retry_in: float, denied_by: tuple[str, ...] = ()) -> None:
+        super().__init__(message, retry_in, tuple(denied_by))
+        self.retry_in = retry_in
+        self.denied_by = tuple(denied_by)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    @classmethod
+    def of(cls, name: str, admission: Admission) -> JobLimited:
         why = ", ".join(admission.denied_by) or "Redis being unavailable"
-        super().__init__(f"task {name} is rate-limited by {why}: try again in "
-                         f"{admission.retry_in:.2f}s")
-        self.retry_in = admission.retry_in
-        self.denied_by = admission.denied_by
+        return cls(f"task {name} is rate-limited by {why}: try again in "
+                   f"{admission.retry_in:.2f}s", admission.retry_in, admission.denied_by)
 
 
 class RedisluaTask(Task):  # type: ignore[misc]  # celery ships no types
@@ -101,7 +109,7 @@ class RedisluaTask(Task):  # type: ignore[misc]  # celery ships no types
             self._store(SKIPPED, {"held_by": admission.held_by})
             raise Ignore()
         if not in_worker:
-            raise JobLimited(self.name, admission)
+            raise JobLimited.of(self.name, admission)
         self._put_off(admission, args, kwargs)
         raise Ignore()
 
