@@ -169,6 +169,54 @@ def test_a_held_singleton_skips_and_says_who_holds_it(
     assert again.status == "limited" and not Lock("nightly", timeout=1).locked()
 
 
+def test_runs_turned_away_by_a_singleton_with_rerun_run_once_more_after_it(r: Any) -> None:
+    gate = JobGate("sync", singleton=True, singleton_rerun=True)
+    first = gate.admit(("a",), {})
+    assert first.status == "run"
+    second, third = gate.admit(("b",), {"full": True}), gate.admit(("c",), {})
+    assert (second.status, second.rerun_queued) == (third.status, third.rerun_queued) == (
+        "skipped", True)
+    sent: list[tuple[list[Any], dict[str, Any]]] = []
+    gate.done(first, lambda args, kwargs: sent.append((args, kwargs)))
+    assert sent == [(["c"], {})]  # once, with the latest turned-away run's arguments
+    assert not r.exists("rl:lock:{sync}:rerun")
+    alone = gate.admit(("d",), {})
+    gate.done(alone, lambda args, kwargs: sent.append((args, kwargs)))
+    assert len(sent) == 1  # nobody turned away: nothing sent again
+
+
+def test_a_rerun_asked_while_the_rerun_is_sent_waits_for_the_next_end(r: Any) -> None:
+    gate = JobGate("sync", singleton=True, singleton_rerun=True)
+    first = gate.admit(("a",), {})
+    assert gate.admit(("b",), {}).rerun_queued
+    sent: list[list[Any]] = []
+    later: list[Any] = []
+
+    def resend(args: list[Any], kwargs: dict[str, Any]) -> None:
+        sent.append(args)
+        # Meanwhile another run takes the singleton, and a third is turned away by it.
+        later.append(gate.admit(("x",), {}))
+        assert gate.admit(("d",), {}).rerun_queued
+
+    gate.done(first, resend)
+    assert sent == [["b"]] and later[0].status == "run"
+    gate.done(later[0], lambda args, kwargs: sent.append(args))
+    assert sent == [["b"], ["d"]]  # the newer request was kept for the next end, then sent
+
+
+def test_a_rerun_is_asked_only_of_a_holder_and_only_with_json_arguments(r: Any) -> None:
+    from django_redislua.scripts import get_script
+
+    queue = get_script("django_redislua.singleton_queue")
+    assert queue(keys=["rl:lock:{free}", "rl:lock:{free}:rerun"], args=["{}", 60_000]) == 0
+    assert not r.exists("rl:lock:{free}:rerun")  # a free lock: the caller runs it itself
+    gate = JobGate("sync", singleton=True, singleton_rerun=True)
+    holder = gate.admit()
+    with pytest.raises(TypeError, match=r"singleton_rerun keeps the arguments .* as JSON"):
+        gate.admit((object(),), {})
+    gate.done(holder)
+
+
 def test_redis_failing_follows_fail_open_but_never_runs_a_singleton_unlocked(
         r: Any, caplog: pytest.LogCaptureFixture) -> None:
     limited = JobGate("partner", policies=[Policy("jobs-partner", rate="5/m")], poll="3s")

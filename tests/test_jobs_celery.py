@@ -175,6 +175,26 @@ def test_a_killed_singleton_holder_frees_it_when_its_lease_ends(
     assert first.state != "SUCCESS"
 
 
+def test_a_singleton_trigger_sent_while_it_runs_is_run_after_it_not_lost(
+        celery: Client, workers: Workers, r: Any) -> None:
+    first = celery.send("sync_catalog", 1, 1.5)
+    wait_for(r, "catalog", 1, workers, 30)  # it holds the singleton now
+    second = celery.send("sync_catalog", 2, 0)
+    runs = wait_for(r, "catalog", 4, workers, 30)
+    assert first.get(timeout=30) == 1
+    # Turned away while the first ran (SKIPPED, a rerun asked), or, on a slow machine, picked up
+    # after it ended: either way the second trigger's arguments run, after the first ended.
+    assert [(n, what) for n, what, _at in runs] == [
+        ("1", "start"), ("1", "end"), ("2", "start"), ("2", "end")]
+    assert float(runs[2][2]) >= float(runs[1][2])
+    if second.state == "SKIPPED":
+        assert second.info["rerun_queued"] is True
+        assert "it runs once more when the holder finishes" in workers.logs()
+    else:
+        assert second.get(timeout=30) == 2
+    assert not r.exists("rl:lock:{tests.jobs.celery_app.sync_catalog}:rerun")
+
+
 def test_a_concurrency_policy_of_2_never_has_3_running(
         celery: Client, workers: Workers, r: Any) -> None:
     results = [celery.send("export", n) for n in range(8)]

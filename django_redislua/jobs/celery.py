@@ -13,14 +13,15 @@
 
 The options are the task's attributes (Celery passes a decorator's extra keywords to the task
 class): ``policies``, ``limit_key``, ``limit_cost``, ``limit_poll``, ``limit_jitter``,
-``singleton``, ``singleton_timeout``; :class:`~django_redislua.jobs.gate.JobGate` says what
-each means.
+``singleton``, ``singleton_timeout``, ``singleton_rerun``;
+:class:`~django_redislua.jobs.gate.JobGate` says what each means.
 
 In a worker, a task its policies deny is sent again, with the same id, arguments and options,
 for when it can run (``countdown``: the policies' wait plus jitter), and this delivery ends:
 it holds no pool process while it waits, its ``retries`` are not counted (Celery's
 ``max_retries`` is for failures, never for limits), its state is ``RATE_LIMITED`` until the
-new delivery runs. A task whose singleton another worker holds is ``SKIPPED``. Both end the
+new delivery runs. A task whose singleton another worker holds is ``SKIPPED`` (with
+``singleton_rerun``, the holder sends the task once more when it finishes). Both end the
 delivery with Celery's ``Ignore``: no result is stored over the state, no failure is counted,
 no callback runs. Called outside a worker (``task()``, ``apply()``, eager mode), a denied task
 raises :class:`JobLimited` and a skipped
@@ -77,6 +78,7 @@ class RedisluaTask(Task):  # type: ignore[misc]  # celery ships no types
     limit_jitter: ClassVar[float | str] = "1s"
     singleton: ClassVar[bool | Key] = None
     singleton_timeout: ClassVar[float | str] = "10m"
+    singleton_rerun: ClassVar[bool] = False
 
     _gate: JobGate | None = None
 
@@ -96,22 +98,28 @@ class RedisluaTask(Task):  # type: ignore[misc]  # celery ships no types
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         gate = self.redislua_gate()
         admission = gate.admit(args, kwargs)
+        request = self.request
+        in_worker = not (request.called_directly or request.is_eager)
         if admission.status == "run":
             try:
                 return super().__call__(*args, **kwargs)
             finally:
-                gate.done(admission)
-        request = self.request
-        in_worker = not (request.called_directly or request.is_eager)
+                # A run turned away meanwhile (singleton_rerun) is sent as a task of its own;
+                # outside a worker its request waits for a worker's run to end.
+                gate.done(admission, self._resend if in_worker else None)
         if admission.status == "skipped":
             if not in_worker:
                 return None
-            self._store(SKIPPED, {"held_by": admission.held_by})
+            self._store(SKIPPED, {"held_by": admission.held_by,
+                                  "rerun_queued": admission.rerun_queued})
             raise Ignore()
         if not in_worker:
             raise JobLimited.of(self.name, admission)
         self._put_off(admission, args, kwargs)
         raise Ignore()
+
+    def _resend(self, args: list[Any], kwargs: dict[str, Any]) -> None:
+        self.apply_async(args=args, kwargs=kwargs)
 
     def _put_off(self, admission: Admission, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> None:
@@ -142,7 +150,8 @@ def _gate_of(cls: type[RedisluaTask], name: str | None = None) -> JobGate:
                                                            "singleton"))
     return JobGate(name or cls.name, policies=cls.policies, key=key, cost=cost,
                    singleton=singleton, singleton_timeout=cls.singleton_timeout,
-                   poll=cls.limit_poll, jitter=cls.limit_jitter, module=cls.__module__)
+                   poll=cls.limit_poll, jitter=cls.limit_jitter, module=cls.__module__,
+                   singleton_rerun=cls.singleton_rerun)
 
 
 def _plain(cls: type, attr: str) -> Any:

@@ -12,13 +12,15 @@ copies at once is what it exists to prevent.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import secrets
 import sys
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from django_redislua import metrics
 from django_redislua.conf import settings
@@ -31,7 +33,9 @@ from django_redislua.limiting.registry import get_policy
 from django_redislua.locks.coordination import holder_of
 from django_redislua.locks.errors import LeaseLost, LockError
 from django_redislua.locks.lock import Lock
+from django_redislua.protocol import Execute, Protocol
 from django_redislua.reporting import report_outage, report_recovery
+from django_redislua.scripts import get_script
 from django_redislua.transport import run
 
 logger = logging.getLogger("django_redislua.jobs")
@@ -41,6 +45,15 @@ RAN, RATE_LIMITED, SKIPPED = "ran", "rate_limited", "skipped"
 
 Key = str | Callable[..., str] | None
 Cost = int | Callable[..., int]
+# What sends a job again with these arguments (a singleton_rerun): the framework's own enqueue.
+Resend = Callable[[list[Any], dict[str, Any]], None]
+
+# How long a rerun request waits for its holder to finish: a run renews its lease for as long
+# as it lasts, but a request is for "soon", not for next week.
+RERUN_KEPT_MS = 24 * 3600 * 1000
+# A turned-away run asks for a rerun, finds the lock free (its holder has just finished), tries
+# to take it itself and finds it taken again: how many times before it gives up (logged).
+_RERUN_TRIES = 3
 
 # Every gate made (each job's, at its definition): the system checks read their policies.
 _gates: weakref.WeakSet[JobGate] = weakref.WeakSet()
@@ -62,13 +75,16 @@ class Admission:
     - ``status="limited"``: a policy denied it (or Redis failed and ``FAIL_OPEN`` is False,
       or a singleton's lock could not be asked): try again in ``retry_in`` seconds (the
       wait the policies gave, plus jitter). ``denied_by`` names the policies that denied.
-    - ``status="skipped"``: another instance holds its singleton; ``held_by`` says who.
+    - ``status="skipped"``: another instance holds its singleton; ``held_by`` says who, and
+      ``rerun_queued`` whether the holder will run it once more when it finishes
+      (``singleton_rerun``).
     """
 
     status: Literal["run", "limited", "skipped"]
     retry_in: float = 0.0
     denied_by: tuple[str, ...] = ()
     held_by: str = ""
+    rerun_queued: bool = False
     lock: Lock | None = None
     held: tuple[Decision, ...] = field(default=())
 
@@ -80,8 +96,11 @@ class JobGate:
     for the identity ``key`` (default: the job's name, one budget for every call; a string;
     or a callable given the job's arguments) at ``cost``; and ``singleton``, the name of a
     lock (True: the job's name; or a callable given the arguments) held while it runs,
-    renewed, expiring ``singleton_timeout`` after a crashed holder's last renewal.
-    ``module`` names the module defining the job, if any (see :func:`known_gates`).
+    renewed, expiring ``singleton_timeout`` after a crashed holder's last renewal. With
+    ``singleton_rerun``, a run turned away by the singleton is not lost: the holder runs the
+    job once more when it finishes, with the latest turned-away arguments (JSON), through the
+    ``resend`` given to :meth:`done`. ``module`` names the module defining the job, if any
+    (see :func:`known_gates`).
 
     A concurrency policy's denial is tried again after at most ``poll``: its own wait is
     when the oldest slot's lease would end, usually long after the job holding it is done.
@@ -90,7 +109,8 @@ class JobGate:
     def __init__(self, name: str, *, policies: str | Policy | Sequence[str | Policy] = (),
                  key: Key = None, cost: Cost = 1, singleton: bool | Key = None,
                  singleton_timeout: float | str = "10m", poll: float | str = "1s",
-                 jitter: float | str = "1s", module: str | None = None) -> None:
+                 jitter: float | str = "1s", module: str | None = None,
+                 singleton_rerun: bool = False) -> None:
         self.name = name
         # The module that defines the job: the system checks pass over a job whose module is
         # gone (unloaded), as a page of tested docs or a test's throwaway task is.
@@ -100,6 +120,7 @@ class JobGate:
         self.key, self.cost = key, cost
         self.singleton = name if singleton is True else (singleton or None)
         self.singleton_timeout = parse_duration(singleton_timeout)
+        self.rerun = singleton_rerun
         self.poll = parse_duration(poll)
         self.jitter = parse_duration(jitter)
         _gates.add(self)
@@ -140,16 +161,13 @@ class JobGate:
         if lock_name is not None:
             lock = Lock(lock_name, self.singleton_timeout, blocking=False, auto_renew=True)
             try:
-                acquired = lock.acquire()
+                skipped = self._lock(lock, args, kwargs)
             except LockError as exc:
                 logger.warning("job %s: its singleton lock %r could not be asked (%s); "
                                "put off by %.1fs", self.name, lock_name, exc, self.poll)
                 return self._limited(self.poll, ())
-            if not acquired:
-                held_by = run(holder_of(lock))
-                logger.info("job %s skipped: singleton %r: %s", self.name, lock_name, held_by)
-                metrics.job(self.name, SKIPPED)
-                return Admission("skipped", held_by=held_by)
+            if skipped is not None:
+                return skipped
         try:
             admission = self._decide(policies, args, kwargs)
         except BaseException:
@@ -160,6 +178,48 @@ class JobGate:
             _release(self.name, lock)
         admission.lock = lock
         return admission
+
+    def _lock(self, lock: Lock, args: Sequence[Any], kwargs: dict[str, Any]
+              ) -> Admission | None:
+        """Take the singleton: None when taken, else the skipped Admission (the rerun asked
+        for, with ``singleton_rerun``)."""
+        queued = False
+        for _ in range(_RERUN_TRIES if self.rerun else 1):
+            if lock.acquire():
+                return None
+            if not self.rerun:
+                break
+            queued = self._ask_rerun(lock, args, kwargs)
+            if queued:
+                break
+            # The holder finished between our try and our request: take it ourselves.
+        else:
+            logger.warning("job %s: its singleton %r changed hands %d times while this run "
+                           "asked for a rerun; skipped, no rerun asked", self.name, lock.name,
+                           _RERUN_TRIES)
+        held_by = run(holder_of(lock))
+        logger.info("job %s skipped: singleton %r: %s%s", self.name, lock.name, held_by,
+                    "; it runs once more when the holder finishes" if queued else "")
+        metrics.job(self.name, SKIPPED)
+        return Admission("skipped", held_by=held_by, rerun_queued=queued)
+
+    def _ask_rerun(self, lock: Lock, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+        """Leave the holder a rerun request with these arguments, in the same step as seeing
+        it still holds the lock (singleton_queue.lua); False when the lock is free now."""
+        try:
+            request = json.dumps({"args": list(args), "kwargs": kwargs,
+                                  "token": secrets.token_hex(8)})
+        except TypeError as exc:
+            raise TypeError(f"job {self.name}: singleton_rerun keeps the arguments of a run "
+                            f"turned away as JSON, and these are not: {exc}") from None
+        try:
+            queued = get_script("django_redislua.singleton_queue")(
+                keys=[lock.keys.base, lock.keys.sub("rerun")], args=[request, RERUN_KEPT_MS])
+        except CLIENT_ERRORS as exc:
+            logger.warning("job %s: its rerun could not be asked for (%s); skipped", self.name,
+                           exc)
+            return True  # not free: skipped, as without a rerun
+        return bool(queued)
 
     def _decide(self, policies: list[Policy], args: Sequence[Any], kwargs: dict[str, Any]
                 ) -> Admission:
@@ -197,10 +257,12 @@ class JobGate:
                     f" by {', '.join(denied_by)}" if denied_by else "", retry_in)
         return Admission("limited", retry_in=retry_in, denied_by=denied_by)
 
-    def done(self, admission: Admission) -> None:
+    def done(self, admission: Admission, resend: Resend | None = None) -> None:
         """The job ran (or failed): give back its concurrency slots and its singleton lock.
         A lease lost while it ran is logged (and counted by the lock), not raised: the job's
-        own outcome stands."""
+        own outcome stands. With ``singleton_rerun``, a run turned away meanwhile is sent again
+        through ``resend(args, kwargs)`` (without ``resend``, its request waits for the next
+        run's end)."""
         try:
             for decision in admission.held:
                 run(releasing(decision.policy, decision.key, decision))
@@ -210,6 +272,31 @@ class JobGate:
         finally:
             if admission.lock is not None:
                 _release(self.name, admission.lock)
+                if self.rerun and resend is not None:
+                    self._rerun(admission.lock, resend)
+
+    def _rerun(self, lock: Lock, resend: Resend) -> None:
+        """Send again the run turned away while this one held the lock, if any: read after the
+        release (a request made later finds the lock free and runs itself), deleted only once
+        sent, and only if no newer one replaced it (that one waits for the next run's end)."""
+        key = lock.keys.sub("rerun")
+        try:
+            request = cast(bytes | None, run(_get(key)))
+            if request is None:
+                return
+            asked = json.loads(request)
+            resend(list(asked["args"]), dict(asked["kwargs"]))
+            get_script("django_redislua.singleton_dequeue")(keys=[key], args=[request])
+        except CLIENT_ERRORS as exc:
+            logger.warning("job %s: its rerun request could not be read or cleared (%s); the "
+                           "next run's end reads it", self.name, exc)
+            return
+        logger.info("job %s: run once more, as a run turned away meanwhile asked", self.name)
+
+
+def _get(key: str) -> Protocol[Any]:
+    """``GET key``: an idempotent read, sent again if its reply is lost."""
+    return (yield Execute(("GET", key)))
 
 
 def _release(name: str, lock: Lock) -> None:

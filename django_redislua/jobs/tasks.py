@@ -12,7 +12,8 @@ REDISLUA policies and singletons, whatever backend runs them.
 
 ``limited_task`` takes the options of :class:`~django_redislua.jobs.gate.JobGate`
 (``policies``, ``limit_key``, ``limit_cost``, ``limit_poll``, ``limit_jitter``, ``singleton``,
-``singleton_timeout``) and passes the rest to Django's ``@task``. When the worker runs it:
+``singleton_timeout``, ``singleton_rerun``) and passes the rest to Django's ``@task``. When the
+worker runs it:
 
 - admitted, the function runs (its slot and lock are given back whatever it does) and its
   return value is the task's;
@@ -21,7 +22,8 @@ REDISLUA policies and singletons, whatever backend runs them.
   ``{"redislua": "rate_limited", "retry_in": s, "denied_by": [...], "rescheduled_as": id}``:
   the id of the task result that will run it;
 - skipped (another run holds its singleton), it returns
-  ``{"redislua": "skipped", "held_by": "..."}``.
+  ``{"redislua": "skipped", "held_by": "...", "rerun_queued": bool}`` (with
+  ``singleton_rerun``, the holder enqueues it once more when it finishes).
 
 Django's tasks have no state for "put off", so the run that put it off finishes successfully
 with that record; nothing is dropped and nothing counts as a failure.
@@ -52,7 +54,8 @@ def limited_task(*, policies: str | Policy | Sequence[str | Policy] = (),
                  limit_key: Key = None,
                  limit_cost: Cost = 1, limit_poll: float | str = "1s",
                  limit_jitter: float | str = "1s", singleton: bool | Key = None,
-                 singleton_timeout: float | str = "10m", **options: Any
+                 singleton_timeout: float | str = "10m", singleton_rerun: bool = False,
+                 **options: Any
                  ) -> Callable[[Callable[..., Any]], Any]:
     """Django's ``@task(**options)`` over a function first admitted by its policies and
     singleton (see the module's doc)."""
@@ -61,7 +64,8 @@ def limited_task(*, policies: str | Policy | Sequence[str | Policy] = (),
         gate = JobGate(f"{func.__module__}.{func.__qualname__}", policies=policies,
                        key=limit_key, cost=limit_cost, singleton=singleton,
                        singleton_timeout=singleton_timeout, poll=limit_poll,
-                       jitter=limit_jitter, module=func.__module__)
+                       jitter=limit_jitter, module=func.__module__,
+                       singleton_rerun=singleton_rerun)
         body = async_to_sync(func) if iscoroutinefunction(func) else func
         with_context = bool(options.get("takes_context"))
         made: list[Any] = []  # the Task, once made: a denied run enqueues it again
@@ -74,9 +78,10 @@ def limited_task(*, policies: str | Policy | Sequence[str | Policy] = (),
                 try:
                     return body(*args, **kwargs)
                 finally:
-                    gate.done(admission)
+                    gate.done(admission, lambda again, named: made[0].enqueue(*again, **named))
             if admission.status == "skipped":
-                return {"redislua": "skipped", "held_by": admission.held_by}
+                return {"redislua": "skipped", "held_by": admission.held_by,
+                        "rerun_queued": admission.rerun_queued}
             later = made[0].using(
                 run_after=timezone.now() + timedelta(seconds=admission.retry_in)
             ).enqueue(*own, **kwargs)

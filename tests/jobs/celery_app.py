@@ -55,6 +55,14 @@ def nightly(n: int, seconds: float) -> int:
     return n
 
 
+@app.task(base=RedisluaTask, singleton=True, singleton_timeout="10s", singleton_rerun=True)
+def sync_catalog(n: int, seconds: float) -> int:
+    note("catalog", n, "start", time.time())
+    time.sleep(seconds)
+    note("catalog", n, "end", time.time())
+    return n
+
+
 @app.task(base=RedisluaTask, policies="exports")
 def export(n: int) -> int:
     client = get_client()
