@@ -217,6 +217,18 @@ def test_a_rerun_is_asked_only_of_a_holder_and_only_with_json_arguments(r: Any) 
     gate.done(holder)
 
 
+def test_the_kill_switch_lifts_a_jobs_limits_but_not_its_singleton(r: Any) -> None:
+    gate = JobGate("sync", singleton=True, policies=[Policy("jobs-never", rate="1/h")])
+    gate.done(gate.admit())  # the hour's one call
+    assert gate.admit().status == "limited"
+    with override_settings(REDISLUA={**_redislua(), "ENABLED": False}):
+        admitted = gate.admit()
+        assert admitted.status == "run"  # no policy asked
+        assert gate.admit().status == "skipped"  # but two never run at once
+        gate.done(admitted)
+    assert gate.admit().status == "limited"
+
+
 def test_redis_failing_follows_fail_open_but_never_runs_a_singleton_unlocked(
         r: Any, caplog: pytest.LogCaptureFixture) -> None:
     limited = JobGate("partner", policies=[Policy("jobs-partner", rate="5/m")], poll="3s")

@@ -151,11 +151,10 @@ class JobGate:
     def admit(self, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
               ) -> Admission:
         """Whether the job may run now with these arguments (see :class:`Admission`). At
-        most two round trips: the singleton lock, then every policy in one script call."""
+        most two round trips: the singleton lock, then every policy in one script call.
+        ``ENABLED=False`` (the kill switch) admits without asking the policies; a singleton
+        still holds."""
         kwargs = kwargs or {}
-        if not settings.ENABLED:
-            return Admission("run")
-        policies = self.policies()
         lock = None
         lock_name = self.lock_name(args, kwargs)
         if lock_name is not None:
@@ -169,13 +168,15 @@ class JobGate:
             if skipped is not None:
                 return skipped
         try:
-            admission = self._decide(policies, args, kwargs)
+            admission = self._decide(args, kwargs)
         except BaseException:
             if lock is not None:
                 _release(self.name, lock)
             raise
-        if admission.status != "run" and lock is not None:
-            _release(self.name, lock)
+        if admission.status != "run":
+            if lock is not None:
+                _release(self.name, lock)
+            return admission
         admission.lock = lock
         return admission
 
@@ -221,11 +222,11 @@ class JobGate:
             return True  # not free: skipped, as without a rerun
         return bool(queued)
 
-    def _decide(self, policies: list[Policy], args: Sequence[Any], kwargs: dict[str, Any]
-                ) -> Admission:
-        if not policies:
-            metrics.job(self.name, RAN)
+    def _decide(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Admission:
+        if not self.policy_names or not settings.ENABLED:  # the kill switch: limits off, not
+            metrics.job(self.name, RAN)                    # locks; no policy even looked up
             return Admission("run")
+        policies = self.policies()
         identity = self.identity(args, kwargs)
         cost = self.cost(*args, **kwargs) if callable(self.cost) else self.cost
         checks = [(policy, identity, cost) for policy in policies]
