@@ -47,6 +47,8 @@ def jobs(request: HttpRequest) -> HttpResponse:
         kind, task_id = entry.decode().split(":", 1)
         result = app.AsyncResult(task_id)
         info = result.info
+        if isinstance(info, dict):  # RATE_LIMITED's and SKIPPED's meta, STARTED's worker
+            info = "; ".join(f"{name}: {value}" for name, value in info.items())
         rows.append({"kind": kind, "id": task_id, "state": result.state,
-                     "detail": info if isinstance(info, (str, dict)) else ""})
+                     "detail": info if isinstance(info, str) else ""})
     return render(request, "demo/jobs.html", {"rows": rows, "message": message})

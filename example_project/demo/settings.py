@@ -81,6 +81,7 @@ REDISLUA = {
 # Redis is its broker and keeps the tasks' states.
 CELERY_BROKER_URL = CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_TRACK_STARTED = True  # the /jobs/ page shows a running sync as STARTED
 
 # Rates of the django_redislua.drf throttles in demo/api.py (read live; any engine rate form).
 REST_FRAMEWORK = {
