@@ -19,13 +19,16 @@ docs/testing.md ("The docs' snippets") states them for writers:
   its own, with the fixtures their parameters name (``client``, ``async_client``,
   ``redislua``, ...).
 - ``<!-- snippet: skip REASON -->`` on the line before a fence skips that block (a reason is
-  required); ``<!-- snippets: tested-by tests/FILE.py ... -->`` hands the page to that test.
+  required); ``<!-- snippets: tested-by tests/FILE.py ... -->`` hands the page to that test;
+  ``<!-- snippets: need MODULE ... -->`` skips the page, saying so, where a module it imports
+  (an optional extra's) is not installed.
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import importlib.util
 import inspect
 import re
 import sys
@@ -51,6 +54,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(`{3,})(\S*)\s*$")
 SKIP = re.compile(r"^<!--\s*snippet:\s*skip\b\s*(?P<reason>.*?)\s*-->\s*$")
 TESTED_BY = re.compile(r"^<!--\s*snippets:\s*tested-by\s+(?P<path>\S+)", re.MULTILINE)
+NEEDS = re.compile(r"^<!--\s*snippets:\s*need\s+(?P<modules>[\w. ]+?)\s*-->", re.MULTILINE)
 MODULE = re.compile(r"^#\s*(?P<path>[\w/]+)\.py\s*$")
 LOCAL_REDIS = re.compile(r"redis://(?:127\.0\.0\.1|localhost):6379")
 
@@ -113,6 +117,14 @@ def read_blocks(page: Path) -> list[Block]:
 def handed_to(page: Path) -> str | None:
     match = TESTED_BY.search(page.read_text())
     return match["path"] if match else None
+
+
+def missing_modules(page: Path) -> list[str]:
+    """The modules a page says it needs (``<!-- snippets: need ... -->``) that are not
+    installed here."""
+    match = NEEDS.search(page.read_text())
+    needed = match["modules"].split() if match else []
+    return [name for name in needed if importlib.util.find_spec(name) is None]
 
 
 def pages_with_blocks() -> list[Path]:
@@ -276,6 +288,9 @@ def redis_url() -> str:
 @pytest.mark.parametrize("page", pages_with_blocks(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_runs(page: Path, page_stack: ExitStack, redis_url: str) -> None:
     """Every block of the page, in order (test functions are defined, and run below)."""
+    missing = missing_modules(page)
+    if missing:
+        pytest.skip(f"{page.name} needs {', '.join(missing)} (an optional extra)")
     handed = handed_to(page)
     if handed is not None:
         test = ROOT / handed
@@ -338,6 +353,7 @@ def test_a_wrong_snippet_fails(tmp_path: Path, page_stack: ExitStack, redis_url:
 
 def test_the_conventions_are_documented() -> None:
     text = (ROOT / "docs" / "testing.md").read_text()
-    for rule in ("snippet: skip", "snippets: tested-by", "# myapp/views.py", "urlpatterns",
+    for rule in ("snippet: skip", "snippets: tested-by", "snippets: need", "# myapp/views.py",
+                 "urlpatterns",
                  "myproject.settings", "redis://127.0.0.1:6379", "def test_"):
         assert rule in text, rule
