@@ -1,5 +1,6 @@
 """Celery tasks limited across real workers (docs/jobs.md): prefork, 2 workers x 2 processes, a
-Redis broker, each started and stopped by the test.
+Redis broker, started for this module and stopped after it (a pool process a test SIGKILLs is
+replaced by its worker).
 
 The broker and result backend live on a server of their own (the suite flushes its data server
 before every test; a broker's bindings must not go with it). The workers decide on the suite's
@@ -50,11 +51,8 @@ class Client:
         return self.app.send_task(f"tests.jobs.celery_app.{task}", args=args)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def celery(broker: str) -> Iterator[Client]:
-    import redis
-
-    redis.Redis.from_url(broker).flushall()
     client = Client(broker)
     yield client
     client.app.close()
@@ -75,6 +73,11 @@ class Workers:
                 stderr=subprocess.STDOUT, start_new_session=True)
             for i in range(count)]
         self.log_dir = log_dir
+        self.since: dict[Path, int] = {}
+
+    def mark(self) -> None:
+        """From now on, :meth:`logs` shows what the workers logged since (one test's share)."""
+        self.since = {path: path.stat().st_size for path in self.log_dir.glob("worker*.log")}
 
     def wait_ready(self, app: Any, count: int) -> None:
         """Until every worker answers a ping (each has its pool up and consumes)."""
@@ -87,7 +90,7 @@ class Workers:
         raise AssertionError(f"workers not ready in 60 s\n{self.logs()}")
 
     def logs(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-3000:]
+        return "\n".join(p.read_bytes()[self.since.get(p, 0):].decode(errors="replace")
                          for p in sorted(self.log_dir.glob("worker*.log")))
 
     def stop(self) -> None:
@@ -95,14 +98,24 @@ class Workers:
             stop_group(process)
 
 
-@pytest.fixture
-def workers(celery: Client, broker: str, tmp_path: Path) -> Iterator[Workers]:
-    running = Workers(broker, tmp_path)
+@pytest.fixture(scope="module")
+def running_workers(celery: Client, broker: str,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    running = Workers(broker, tmp_path_factory.mktemp("celery"))
     try:
         running.wait_ready(celery.app, 2)
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture
+def workers(running_workers: Workers) -> Workers:
+    """The module's workers, their logs read from this test's start, both still up."""
+    for process in running_workers.processes:
+        assert process.poll() is None, running_workers.logs()
+    running_workers.mark()
+    return running_workers
 
 
 def notes(r: Any, kind: str) -> list[list[str]]:
