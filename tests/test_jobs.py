@@ -212,6 +212,51 @@ def test_a_rerun_asked_while_the_rerun_is_sent_waits_for_the_next_end(r: Any) ->
     assert sent == [["b"], ["d"]]  # the newer request was kept for the next end, then sent
 
 
+@pytest.mark.topologies
+def test_a_rerun_that_runs_at_once_does_not_find_its_request_again(r: Any) -> None:
+    """A resend that runs the job right away (Django's ImmediateBackend does): the request is
+    claimed before it is sent, so the rerun's own end finds none."""
+    gate = JobGate("sync", singleton=True, singleton_rerun=True)
+    runs: list[list[Any]] = []
+
+    def job(args: list[Any], kwargs: dict[str, Any]) -> None:
+        admission = gate.admit(args, kwargs)
+        assert admission.status == "run"
+        runs.append(args)
+        gate.done(admission, job)
+
+    first = gate.admit(["a"], {})
+    assert gate.admit(["b"], {}).rerun_queued
+    gate.done(first, job)
+    assert runs == [["b"]]
+
+
+@pytest.mark.topologies
+def test_a_rerun_that_cannot_be_sent_is_left_for_the_next_end(
+        r: Any, caplog: pytest.LogCaptureFixture) -> None:
+    gate = JobGate("sync", singleton=True, singleton_rerun=True)
+    first = gate.admit(["a"], {})
+    assert gate.admit(["b"], {}).rerun_queued
+
+    def broker_down(args: list[Any], kwargs: dict[str, Any]) -> None:
+        raise ConnectionRefusedError("the broker is down")
+
+    with caplog.at_level(logging.WARNING, "django_redislua.jobs"):
+        gate.done(first, broker_down)  # the job's own outcome is not changed by it
+    assert "a rerun is left for the next run's end: it could not be sent" in caplog.text
+    sent: list[list[Any]] = []
+    second = gate.admit(["c"], {})
+    gate.done(second, lambda args, kwargs: sent.append(args))
+    assert sent == [["b"]]
+
+
+def test_a_cost_above_a_policys_capacity_is_an_error_not_a_wait(r: Any) -> None:
+    gate = JobGate("export", policies=[Policy("jobs-small", rate="2/m")], cost=5)
+    with pytest.raises(PolicyError, match="cost 5 is above the capacity of 'jobs-small' "
+                                          r"\(2\): it could never run"):
+        gate.admit()
+
+
 def test_a_rerun_is_asked_only_of_a_holder_and_only_with_json_arguments(r: Any) -> None:
     from django_redislua.scripts import get_script
 

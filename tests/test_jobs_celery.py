@@ -188,24 +188,51 @@ def test_a_killed_singleton_holder_frees_it_when_its_lease_ends(
     assert first.state != "SUCCESS"
 
 
+def test_a_late_acked_singleton_whose_process_died_comes_back_after_its_lease(
+        celery: Client, workers: Workers, r: Any) -> None:
+    """acks_late + reject_on_worker_lost: the killed delivery comes back at once, while the
+    dead process's lease still holds the singleton. Skipped, it would be acked and lost; it is
+    put off until the lease ends, then runs."""
+    result = celery.send("nightly_late", 7)
+    (_n, pid, _redelivered, _at), = wait_for(r, "late", 1, workers, 30)
+    lock_key = "rl:lock:{tests.jobs.celery_app.nightly_late}"
+    os.kill(int(pid), signal.SIGKILL)
+    killed_at, left = time.time(), r.pttl(lock_key) / 1000
+    assert result.get(timeout=30) == 7  # not lost: it ran
+    runs = notes(r, "late")
+    assert len(runs) == 2, runs  # the killed run and the one after the lease, nothing more
+    assert float(runs[1][3]) >= killed_at + left - 0.05  # not before the dead lease ended
+    assert "redelivered while its singleton is held" in workers.logs()
+
+
 def test_a_singleton_trigger_sent_while_it_runs_is_run_after_it_not_lost(
         celery: Client, workers: Workers, r: Any) -> None:
-    first = celery.send("sync_catalog", 1, 1.5)
+    first = celery.send("sync_catalog", 1, True)  # holds until the second is turned away
     wait_for(r, "catalog", 1, workers, 30)  # it holds the singleton now
-    second = celery.send("sync_catalog", 2, 0)
+    second = celery.send("sync_catalog", 2, False)
     runs = wait_for(r, "catalog", 4, workers, 30)
     assert first.get(timeout=30) == 1
-    # Turned away while the first ran (SKIPPED, a rerun asked), or, on a slow machine, picked up
-    # after it ended: either way the second trigger's arguments run, after the first ended.
+    # Turned away while the first ran (SKIPPED, a rerun asked); its arguments ran after it.
     assert [(n, what) for n, what, _at in runs] == [
         ("1", "start"), ("1", "end"), ("2", "start"), ("2", "end")]
     assert float(runs[2][2]) >= float(runs[1][2])
-    if second.state == "SKIPPED":
-        assert second.info["rerun_queued"] is True
-        assert "it runs once more when the holder finishes" in workers.logs()
-    else:
-        assert second.get(timeout=30) == 2
-    assert not r.exists("rl:lock:{tests.jobs.celery_app.sync_catalog}:rerun")
+    assert second.state == "SKIPPED" and second.info["rerun_queued"] is True
+    assert "it runs once more when the holder finishes" in workers.logs()
+    assert not r.exists("rl:lock:{catalog}:rerun")
+
+
+def test_a_long_wait_is_taken_in_steps_under_the_brokers_visibility_timeout(
+        celery: Client, workers: Workers, r: Any) -> None:
+    """1/h: the second task must wait about an hour; sent with a countdown of limit_max_wait
+    (2 s) instead, it comes back and is put off again, never held past a visibility timeout."""
+    first, second = celery.send("hourly_report", 1), celery.send("hourly_report", 2)
+    assert first.get(timeout=30) == 1
+    deadline = time.monotonic() + 30
+    while workers.logs().count("rate-limited by hourly: put off by") < 2:
+        assert time.monotonic() < deadline, workers.logs()
+        time.sleep(0.1)
+    assert second.state == "RATE_LIMITED" and second.info["retry_in"] > 3000
+    assert [n for n, in notes(r, "hourly")] == ["1"]
 
 
 def test_a_concurrency_policy_of_2_never_has_3_running(

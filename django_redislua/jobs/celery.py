@@ -13,7 +13,7 @@
 
 The options are the task's attributes (Celery passes a decorator's extra keywords to the task
 class): ``policies``, ``limit_key``, ``limit_cost``, ``limit_poll``, ``limit_jitter``,
-``singleton``, ``singleton_timeout``, ``singleton_rerun``;
+``limit_max_wait``, ``singleton``, ``singleton_timeout``, ``singleton_rerun``;
 :class:`~django_redislua.jobs.gate.JobGate` says what each means.
 
 In a worker, a task its policies deny is sent again, with the same id, arguments and options,
@@ -39,6 +39,7 @@ from celery.exceptions import Ignore
 
 from django_redislua.jobs.gate import Admission, Cost, JobGate, Key
 from django_redislua.limiting.policy import Policy
+from django_redislua.limiting.rates import parse_duration
 
 __all__ = ["RATE_LIMITED", "SKIPPED", "JobLimited", "RedisluaTask"]
 
@@ -79,6 +80,10 @@ class RedisluaTask(Task):  # type: ignore[misc]  # celery ships no types
     singleton: ClassVar[bool | Key] = None
     singleton_timeout: ClassVar[float | str] = "10m"
     singleton_rerun: ClassVar[bool] = False
+    # The longest countdown a put-off task is sent with: a broker with a visibility timeout
+    # (Redis, SQS: an hour by default) delivers a countdown task held longer than that a second
+    # time. A longer wait is taken in steps, the policies asked again after each.
+    limit_max_wait: ClassVar[float | str] = "30m"
 
     _gate: JobGate | None = None
 
@@ -110,6 +115,12 @@ class RedisluaTask(Task):  # type: ignore[misc]  # celery ships no types
         if admission.status == "skipped":
             if not in_worker:
                 return None
+            if (request.delivery_info or {}).get("redelivered"):
+                # This very delivery ran before and its process died (acks_late): the lease
+                # that turns it away may be its own, left by the dead process. Skipped, it
+                # would be acked and lost; it is put off until that lease ends instead.
+                self._put_off(gate.after_lease(admission), args, kwargs)
+                raise Ignore()
             self._store(SKIPPED, {"held_by": admission.held_by,
                                   "rerun_queued": admission.rerun_queued})
             raise Ignore()
@@ -126,17 +137,24 @@ class RedisluaTask(Task):  # type: ignore[misc]  # celery ships no types
         """Send this task again for when it can run: the same id, arguments and options
         (Celery's own retry path), its retries unchanged."""
         request = self.request
-        again = self.signature_from_request(request, args, kwargs,
-                                            countdown=admission.retry_in,
+        countdown = min(admission.retry_in, parse_duration(self.limit_max_wait))
+        # Stored first: the new delivery, if it runs at once, stores its own state after.
+        meta: dict[str, Any] = {"retry_in": round(admission.retry_in, 3),
+                                "denied_by": list(admission.denied_by)}
+        if admission.held_by:  # put off by a singleton's lease (a redelivery)
+            meta["held_by"] = admission.held_by
+        self._store(RATE_LIMITED, meta)
+        again = self.signature_from_request(request, args, kwargs, countdown=countdown,
                                             retries=request.retries)
         again.apply_async()
-        self._store(RATE_LIMITED, {"retry_in": round(admission.retry_in, 3),
-                                   "denied_by": list(admission.denied_by)})
 
     def _store(self, state: str, meta: dict[str, Any]) -> None:
         """Show ``state`` in the result backend, unless results are ignored."""
         request = self.request
-        if getattr(request, "ignore_result", False) or self.ignore_result:
+        # The call's own ignore_result wins over the task's (as Celery reads it); Context's
+        # class default is not a call's choice, so only one set on this request counts.
+        asked = vars(request).get("ignore_result")
+        if (self.ignore_result if asked is None else asked):
             return
         try:
             self.update_state(task_id=request.id, state=state, meta=meta)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import secrets
 import sys
@@ -30,8 +31,8 @@ from django_redislua.limiting.engine import evaluate, releasing
 from django_redislua.limiting.policy import Policy
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.limiting.registry import get_policy
-from django_redislua.locks.coordination import holder_of
-from django_redislua.locks.errors import LeaseLost, LockError
+from django_redislua.locks.coordination import holding
+from django_redislua.locks.errors import LeaseLost, LockError, LockUnavailable
 from django_redislua.locks.lock import Lock
 from django_redislua.protocol import Execute, Protocol
 from django_redislua.reporting import report_outage, report_recovery
@@ -75,7 +76,8 @@ class Admission:
     - ``status="limited"``: a policy denied it (or Redis failed and ``FAIL_OPEN`` is False,
       or a singleton's lock could not be asked): try again in ``retry_in`` seconds (the
       wait the policies gave, plus jitter). ``denied_by`` names the policies that denied.
-    - ``status="skipped"``: another instance holds its singleton; ``held_by`` says who, and
+    - ``status="skipped"``: another instance holds its singleton; ``held_by`` says who,
+      ``lease_left`` how many seconds its lease has left (None: unknown), and
       ``rerun_queued`` whether the holder will run it once more when it finishes
       (``singleton_rerun``).
     """
@@ -85,6 +87,7 @@ class Admission:
     denied_by: tuple[str, ...] = ()
     held_by: str = ""
     rerun_queued: bool = False
+    lease_left: float | None = None
     lock: Lock | None = None
     held: tuple[Decision, ...] = field(default=())
 
@@ -198,11 +201,11 @@ class JobGate:
             logger.warning("job %s: its singleton %r changed hands %d times while this run "
                            "asked for a rerun; skipped, no rerun asked", self.name, lock.name,
                            _RERUN_TRIES)
-        held_by = run(holder_of(lock))
+        held_by, left = run(holding(lock))
         logger.info("job %s skipped: singleton %r: %s%s", self.name, lock.name, held_by,
                     "; it runs once more when the holder finishes" if queued else "")
         metrics.job(self.name, SKIPPED)
-        return Admission("skipped", held_by=held_by, rerun_queued=queued)
+        return Admission("skipped", held_by=held_by, rerun_queued=queued, lease_left=left)
 
     def _ask_rerun(self, lock: Lock, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
         """Leave the holder a rerun request with these arguments, in the same step as seeing
@@ -217,9 +220,10 @@ class JobGate:
             queued = get_script("django_redislua.singleton_queue")(
                 keys=[lock.keys.base, lock.keys.sub("rerun")], args=[request, RERUN_KEPT_MS])
         except CLIENT_ERRORS as exc:
-            logger.warning("job %s: its rerun could not be asked for (%s); skipped", self.name,
-                           exc)
-            return True  # not free: skipped, as without a rerun
+            # Whether the request was stored is unknown: the run is put off (admit), never
+            # reported as queued when it may not be.
+            raise LockUnavailable(f"job {self.name}: a rerun could not be asked for: "
+                                  f"{exc}") from exc
         return bool(queued)
 
     def _decide(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Admission:
@@ -242,6 +246,11 @@ class JobGate:
         report_recovery()
         denied = [d for d in decisions if not d.allowed and not d.policy.shadow]
         held = tuple(d for d in decisions if d.lease is not None)
+        never = [d.policy for d in denied if math.isinf(d.retry_after)]
+        if never:  # no wait lifts it: an error to fix, not a job to put off forever
+            raise PolicyError("redislua.E010", f"job {self.name!r}: cost {cost} is above the "
+                              f"capacity of {never[0].name!r} ({never[0].limit}): it could "
+                              f"never run")
         if not denied:
             metrics.job(self.name, RAN)
             return Admission("run", held=held)
@@ -257,6 +266,15 @@ class JobGate:
         logger.info("job %s rate-limited%s: put off by %.2fs", self.name,
                     f" by {', '.join(denied_by)}" if denied_by else "", retry_in)
         return Admission("limited", retry_in=retry_in, denied_by=denied_by)
+
+    def after_lease(self, skipped: Admission) -> Admission:
+        """A skipped run as one put off until the singleton's lease ends (a redelivered task
+        whose own dead process may hold it): then it is asked again."""
+        wait = self.poll if skipped.lease_left is None else max(skipped.lease_left, 0.001)
+        retry_in = wait + random.uniform(0, min(self.jitter, wait / 10))
+        logger.info("job %s: redelivered while its singleton is held (%s): put off by %.2fs, "
+                    "until that lease ends", self.name, skipped.held_by, retry_in)
+        return Admission("limited", retry_in=retry_in, held_by=skipped.held_by)
 
     def done(self, admission: Admission, resend: Resend | None = None) -> None:
         """The job ran (or failed): give back its concurrency slots and its singleton lock.
@@ -277,27 +295,58 @@ class JobGate:
                     self._rerun(admission.lock, resend)
 
     def _rerun(self, lock: Lock, resend: Resend) -> None:
-        """Send again the run turned away while this one held the lock, if any: read after the
-        release (a request made later finds the lock free and runs itself), deleted only once
-        sent, and only if no newer one replaced it (that one waits for the next run's end)."""
+        """Send again the run turned away while this one held the lock, if any. The request
+        is read after the release (one made later finds the lock free and runs itself) and
+        claimed before it is sent: a rerun that finishes at once must not find it again. If
+        it was replaced meanwhile, the newer one belongs to whoever holds the lock now. If
+        it cannot be sent (or whether it was claimed is unknown), it is put back: a rerun
+        twice rather than none."""
         key = lock.keys.sub("rerun")
         try:
             request = cast(bytes | None, run(_get(key)))
-            if request is None:
-                return
-            asked = json.loads(request)
-            resend(list(asked["args"]), dict(asked["kwargs"]))
-            get_script("django_redislua.singleton_dequeue")(keys=[key], args=[request])
         except CLIENT_ERRORS as exc:
-            logger.warning("job %s: its rerun request could not be read or cleared (%s); the "
-                           "next run's end reads it", self.name, exc)
+            logger.warning("job %s: its rerun request could not be read (%s); the next run's "
+                           "end reads it", self.name, exc)
+            return
+        if request is None:
+            return
+        try:
+            claimed = get_script("django_redislua.singleton_dequeue")(keys=[key],
+                                                                      args=[request])
+        except CLIENT_ERRORS as exc:
+            self._put_back(key, request, f"its claim failed ({exc})")
+            return
+        if not claimed:
+            return
+        asked = json.loads(request)
+        try:
+            resend(list(asked["args"]), dict(asked["kwargs"]))
+        except Exception as exc:  # the framework's enqueue (a broker, a database) failed
+            self._put_back(key, request, f"it could not be sent ({type(exc).__name__}: {exc})")
             return
         logger.info("job %s: run once more, as a run turned away meanwhile asked", self.name)
+
+    def _put_back(self, key: str, request: bytes, why: str) -> None:
+        """A rerun request this run could not send, left for the next run's end (unless a
+        newer one is there: SET NX)."""
+        try:
+            run(_set_if_absent(key, request, RERUN_KEPT_MS))
+        except CLIENT_ERRORS as exc:
+            logger.error("job %s: a run turned away meanwhile asked to run once more, but %s "
+                         "and the request could not be put back (%s): it is lost", self.name,
+                         why, exc)
+            return
+        logger.warning("job %s: a rerun is left for the next run's end: %s", self.name, why)
 
 
 def _get(key: str) -> Protocol[Any]:
     """``GET key``: an idempotent read, sent again if its reply is lost."""
     return (yield Execute(("GET", key)))
+
+
+def _set_if_absent(key: str, value: bytes, ttl_ms: int) -> Protocol[Any]:
+    """``SET key value NX PX ttl``: sent again if its reply is lost, it changes nothing more."""
+    return (yield Execute(("SET", key, value, "NX", "PX", ttl_ms)))
 
 
 def _release(name: str, lock: Lock) -> None:

@@ -6,7 +6,7 @@ The period is read from the Redis server's clock (``TIME``, moved by the pytest 
 period is one ``run_once`` key (``period:<job>:<label>``): the first call in the period runs
 the job, every later one is told who ran it and when; a run that raised stores nothing and a
 run whose process died frees the period when its lease (``timeout``) ends, so the next call
-runs it. The record expires an hour after its period ends.
+runs it. The record expires when its period ends.
 
 :func:`period_of` is pure (no I/O): the calendar arithmetic, DST included, is tested with no
 Redis.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from datetime import UTC, date, datetime, time, timedelta, tzinfo
+from datetime import UTC, date, datetime, time, timedelta, timezone, tzinfo
 from typing import Any, ParamSpec, TypeVar
 from zoneinfo import ZoneInfo
 
@@ -34,9 +34,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 PERIODS = ("hour", "day", "week", "month")
-# How long a period's record outlives the period: a call just after the boundary, from a
-# host whose cron fired late, still finds its period's record if it asks about it.
-_KEPT_AFTER = timedelta(hours=1)
 
 
 def _midnight(day: date, zone: tzinfo) -> datetime:
@@ -50,16 +47,14 @@ def period_of(moment: datetime, period: str, zone: tzinfo) -> tuple[str, datetim
 
     Labels are the period in local time: ``2026-11-28T14+0100`` (the UTC offset tells apart
     the two hours a DST change repeats), ``2026-11-28``, ``2026-W48``, ``2026-11``. A day is
-    the local day, 23 or 25 hours long on a DST change.
+    the local day, 23 or 25 hours long on a DST change; an hour a change of offset falls
+    inside is cut there, in two periods.
     """
     if moment.tzinfo is None:
         raise ValueError("period_of needs an aware datetime")
     local = moment.astimezone(zone)
     if period == "hour":
-        start = local.replace(minute=0, second=0, microsecond=0).astimezone(UTC)
-        # The UTC offset may change within a local hour (a 30-minute DST shift): the hour is
-        # counted on the UTC timeline from the local hour's start.
-        return local.strftime("%Y-%m-%dT%H%z"), start, start + timedelta(hours=1)
+        return _hour(moment.astimezone(UTC), local, zone)
     today = local.date()
     if period == "day":
         return today.isoformat(), _midnight(today, zone), _midnight(
@@ -76,10 +71,48 @@ def period_of(moment: datetime, period: str, zone: tzinfo) -> tuple[str, datetim
     raise ValueError(f"period must be one of {', '.join(PERIODS)}, not {period!r}")
 
 
+def _hour(moment: datetime, local: datetime, zone: tzinfo) -> tuple[str, datetime, datetime]:
+    """The local clock hour holding ``moment`` (UTC). Where a change of UTC offset falls inside
+    a clock hour (Lord Howe's 30-minute DST, Chatham's :45 change), the hour is cut there: the
+    part before and the part after are periods of their own, labelled by their own offset."""
+    start = moment - timedelta(minutes=local.minute, seconds=local.second,
+                               microseconds=local.microsecond)
+    start = _offset_change(start, moment, zone) or start
+    opened = start.astimezone(zone)
+    end = start + timedelta(minutes=60 - opened.minute) - timedelta(
+        seconds=opened.second, microseconds=opened.microsecond)
+    end = _offset_change(start, end - timedelta(microseconds=1), zone) or end
+    return opened.strftime("%Y-%m-%dT%H%z"), start, end
+
+
+def _offset_change(after: datetime, until: datetime, zone: tzinfo) -> datetime | None:
+    """The last instant in (after, until] where ``zone``'s UTC offset changes, or None. Zones
+    change at whole seconds and at most once an hour: a binary search over the seconds."""
+    offset = until.astimezone(zone).utcoffset()
+    if after.astimezone(zone).utcoffset() == offset:
+        return None
+    low, high = after, until  # the offset at low differs from the one at high
+    while high - low > timedelta(seconds=1):
+        middle = low + (high - low) / 2
+        if middle.astimezone(zone).utcoffset() == offset:
+            high = middle
+        else:
+            low = middle
+    change = high.replace(microsecond=0)
+    return change if change.astimezone(zone).utcoffset() == offset else change + timedelta(
+        seconds=1)
+
+
 def _zone(tz: str | tzinfo | None) -> tzinfo:
     if tz is None:
         tz = getattr(django_settings, "TIME_ZONE", None) or "UTC"
-    return ZoneInfo(tz) if isinstance(tz, str) else tz
+    if isinstance(tz, str):
+        return ZoneInfo(tz)
+    if not isinstance(tz, ZoneInfo | timezone):
+        # pytz's zones carry their oldest offset until localize(): midnights would be wrong.
+        raise TypeError(f"tz must be a zone name, a ZoneInfo or a datetime.timezone, not "
+                        f"{type(tz).__name__}")
+    return tz
 
 
 def _time() -> Protocol[list[Any]]:
@@ -122,7 +155,8 @@ def once_per(period: str, *, name: str | None = None, tz: str | tzinfo | None = 
         def call(*args: P.args, **kwargs: P.kwargs) -> RunOutcome[R]:
             now = redis_now()
             label, _start, end = period_of(now, period, zone)
-            keep = (end - now + _KEPT_AFTER).total_seconds()
+            # Kept until the period ends: no later call computes this label again.
+            keep = max((end - now).total_seconds(), 0.001)
             handler: Any = run_once(f"period:{job}:{label}", ttl=keep, timeout=timeout,
                                     wait=wait, wait_timeout=wait_timeout)(func)
             outcome: RunOutcome[R] = handler.outcome(*args, **kwargs)

@@ -128,13 +128,21 @@ def singleton(name: str, timeout: float | str, wait: bool = False,
 
 def holder_of(lock: Lock) -> Protocol[str]:
     """Who holds ``lock``, for a log line: its fencing token and how long its lease has left
-    (one round trip; a Redis failure only makes the line shorter)."""
+    (a Redis failure only makes the line shorter)."""
+    line, _left = yield from holding(lock)
+    return line
+
+
+def holding(lock: Lock) -> Protocol[tuple[str, float | None]]:
+    """Who holds ``lock`` (:func:`holder_of`'s line) and the seconds its lease has left (0 when
+    it has just ended; None when Redis could not say)."""
     try:
         token, = yield Execute(("HMGET", lock.keys.base, "token"))
         left_ms = int((yield Execute(("PTTL", lock.keys.base))))
     except CLIENT_ERRORS:
-        return "another instance holds it"
+        return "another instance holds it", None
     if token is None:
-        return "another instance held it (its lease has just ended)"
-    return (f"another instance holds it (fencing token {text(token)}, lease ends in "
-            f"{max(left_ms, 0) / 1000:.1f}s)")
+        return "another instance held it (its lease has just ended)", 0.0
+    left = max(left_ms, 0) / 1000
+    return f"another instance holds it (fencing token {text(token)}, lease ends in {left:.1f}s)", \
+        left

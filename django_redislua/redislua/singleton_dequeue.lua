@@ -1,11 +1,11 @@
--- singleton: the request a finished run has just sent again (singleton_rerun) is deleted,
--- unless a newer one replaced it meanwhile: that one waits for the next run's end. Sent again
--- after a lost reply, it deletes nothing more.
+-- singleton: a finished run claims the rerun request it has just read (singleton_rerun), before
+-- it sends the job again: the rerun, however quick, never finds it a second time. A request
+-- replaced meanwhile (a newer holder turned a run away) is left to that holder.
 --
 -- KEYS[1]  the rerun request (rl:lock:{name}:rerun).
 -- ARGV[1]  the request as the finished run read it.
 --
--- Returns 1 when it was deleted, 0 when it had changed (or was gone).
+-- Returns 1 when it was claimed (deleted), 0 when it had changed (or was gone).
 
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])

@@ -55,11 +55,34 @@ def nightly(n: int, seconds: float) -> int:
     return n
 
 
-@app.task(base=RedisluaTask, singleton=True, singleton_timeout="10s", singleton_rerun=True)
-def sync_catalog(n: int, seconds: float) -> int:
+@app.task(base=RedisluaTask, singleton="catalog", singleton_timeout="10s", singleton_rerun=True)
+def sync_catalog(n: int, hold: bool) -> int:
+    """With ``hold``, keeps the singleton until a run turned away by it has left its rerun
+    request (at most 30 s)."""
     note("catalog", n, "start", time.time())
-    time.sleep(seconds)
+    deadline = time.monotonic() + 30
+    while hold and not get_client().exists("rl:lock:{catalog}:rerun"):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     note("catalog", n, "end", time.time())
+    return n
+
+
+@app.task(base=RedisluaTask, bind=True, singleton=True, singleton_timeout="3s", acks_late=True,
+          reject_on_worker_lost=True)
+def nightly_late(self: RedisluaTask, n: int) -> int:
+    """Acked when done; a delivery whose process dies comes back. The first run takes a minute
+    (the test kills it), any later one none."""
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    note("late", n, os.getpid(), redelivered, time.time())
+    if get_client().incr("jobs:late-runs") == 1:
+        time.sleep(60)
+    return n
+
+
+@app.task(base=RedisluaTask, policies="hourly", limit_max_wait="2s")
+def hourly_report(n: int) -> int:
+    note("hourly", n)
     return n
 
 

@@ -14,6 +14,7 @@ REDISLUA = {
         "partner-api": {"algorithm": "sliding_log", "rate": "5/10s"},
         "exports": {"algorithm": "concurrency", "limit": 2, "timeout": "1m"},
         "tasks-api": {"algorithm": "sliding_log", "rate": "3/2s"},
+        "hourly": {"algorithm": "fixed_window", "rate": "1/h"},
     },
 }
 INSTALLED_APPS = [*INSTALLED_APPS, "django_tasks_db"]

@@ -8,7 +8,7 @@ instant, it ends where the next begins, and its label changes exactly when it do
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -71,8 +71,13 @@ def test_iso_weeks_begin_on_monday_and_cross_the_years_end() -> None:
     assert period_of(at(PARIS, 2027, 1, 4), "week", PARIS)[0] == "2027-W01"
 
 
-@pytest.mark.parametrize("zone", [PARIS, NEW_YORK, ZoneInfo("Asia/Kolkata"), UTC],
-                         ids=str)
+# Whole-hour DST both ways, a :30 offset, none; and the two whose DST moves the clock by 30
+# minutes (Lord Howe) or changes at :45 (Chatham): an hour cut in two by the change.
+ZONES = [PARIS, NEW_YORK, ZoneInfo("Asia/Kolkata"), UTC, ZoneInfo("Australia/Lord_Howe"),
+         ZoneInfo("Pacific/Chatham")]
+
+
+@pytest.mark.parametrize("zone", ZONES, ids=str)
 @pytest.mark.parametrize("period", PERIODS)
 def test_a_year_of_instants_each_in_one_period_that_ends_where_the_next_begins(
         period: str, zone: ZoneInfo) -> None:
@@ -83,7 +88,15 @@ def test_a_year_of_instants_each_in_one_period_that_ends_where_the_next_begins(
         label, start, end = period_of(moment, period, zone)
         assert start <= moment < end
         if previous is not None and previous[0] != label:
-            assert previous[2] == start, (previous, label, start)
+            # The periods between (a short one the step jumped over) chain end to start.
+            between = previous
+            while between[2] < start:
+                following = period_of(between[2], period, zone)
+                assert following[1] == between[2], (between, following)
+                assert following[0] not in labels, f"{following[0]} came back"
+                labels.add(following[0])
+                between = following
+            assert between[2] == start, (previous, label, start)
             assert label not in labels, f"{label} came back"
         elif previous is not None:
             assert previous[1:] == (start, end)
@@ -92,6 +105,27 @@ def test_a_year_of_instants_each_in_one_period_that_ends_where_the_next_begins(
         moment += timedelta(minutes=37)
     expected = {"hour": 8760, "day": 365, "week": 52, "month": 12}[period]
     assert len(labels) >= expected
+
+
+def test_lord_howes_half_hour_dst_cuts_its_hour_in_two() -> None:
+    lord_howe = ZoneInfo("Australia/Lord_Howe")
+    # 2026-10-04 02:00 standard time (+10:30) is 02:30 summer time (+11:00).
+    before = period_of(at(lord_howe, 2026, 10, 4, 1, 45), "hour", lord_howe)
+    after = period_of(at(lord_howe, 2026, 10, 4, 2, 40), "hour", lord_howe)
+    assert before[0] == "2026-10-04T01+1030" and after[0] == "2026-10-04T02+1100"
+    assert before[2] == after[1] == datetime(2026, 10, 3, 15, 30, tzinfo=UTC)
+    assert after[2] - after[1] == timedelta(minutes=30)  # 02:30 to 03:00 on the clock
+
+
+def test_a_timezone_that_is_not_a_zoneinfo_is_refused() -> None:
+    from django_redislua.jobs.periods import once_per
+
+    class Pytz(tzinfo):  # what pytz gives: a tzinfo of its own, wrong until localize()
+        def utcoffset(self, dt: datetime | None) -> timedelta:
+            return timedelta(minutes=9)
+
+    with pytest.raises(TypeError, match=r"a zone name, a ZoneInfo or a datetime\.timezone"):
+        once_per("day", tz=Pytz())
 
 
 def test_a_naive_moment_or_an_unknown_period_is_refused() -> None:
