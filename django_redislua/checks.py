@@ -8,6 +8,7 @@ They cover ``settings.REDISLUA``, the connection (URL or cache alias with its LO
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any
 
 import redis
@@ -79,6 +80,8 @@ FIXES = {
     "redislua.E029": "Name the policy on the view: throttle_policy = \"api\" (a name or a "
                      "list); or take PolicyThrottle out of its throttle_classes "
                      "(throttle_policy = None says no policy on purpose).",
+    "redislua.E032": "Point the task at a backend that supports run_after (django-tasks-db's "
+                     "DatabaseBackend does), or limit it some other way.",
     "redislua.E031": "Give the policy a fixed rate (or a policy of its own for the job): a "
                      "background job has no request to take a rate from.",
     "redislua.E030": "Use \"count_failures\": True (a 4xx is a failure), a list of statuses "
@@ -452,6 +455,28 @@ def _jobs() -> list[CheckMessage]:
             said = str(exc)  # E031 names the job itself; E021 is about a name
             errors.append(_error(exc.check_id, f"J{said[1:]}" if exc.check_id == "redislua.E031"
                                  else f"Job {gate.name!r}: {said}"))
+    return [*errors, *_deferred_tasks()]
+
+
+def _deferred_tasks() -> list[CheckMessage]:
+    """A Django task limited by policies is put off with ``run_after``: its backend must be
+    able to (redislua.E032). Only where django_redislua.jobs.tasks is in use."""
+    tasks = sys.modules.get("django_redislua.jobs.tasks")
+    if tasks is None:
+        return []
+    errors: list[CheckMessage] = []
+    for task, gate in tasks.limited_tasks():
+        if not gate.policy_names:
+            continue
+        try:
+            backend = task.get_backend()
+        except Exception:  # a bad TASKS setting: Django's own checks report it
+            continue
+        if not getattr(backend, "supports_defer", False):
+            errors.append(_error(
+                "redislua.E032", f"Job {gate.name!r}: its task backend "
+                f"{type(backend).__name__} cannot run a task later (run_after), so a run its "
+                f"policies deny could not be put off."))
     return errors
 
 

@@ -5,6 +5,7 @@ On Django 5.2 through the ``django-tasks`` backport, on Django 6 through ``djang
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -116,3 +117,35 @@ def test_a_singleton_task_enqueued_3_times_at_once_runs_once(
     assert len(ran) == 1 and len(notes(r, "tasks-nightly")) == 1, values
     assert len(skipped) == 2 and all(
         v["redislua"] == "skipped" and "fencing token" in v["held_by"] for v in skipped), values
+
+
+def test_the_checks_say_when_a_limited_tasks_backend_cannot_put_it_off(r: Any) -> None:
+    from django.test import override_settings
+
+    from django_redislua.checks import check_settings
+    from django_redislua.jobs import tasks
+    from django_redislua.jobs.tasks import limited_task
+
+    package = "django.tasks" if importlib.util.find_spec("django.tasks") else "django_tasks"
+    backends = f"{package}.backends"
+    # Its setting_changed receiver (the suite's settings do not install the backport's app,
+    # whose ready() imports it): override_settings(TASKS=...) then takes effect.
+    importlib.import_module(f"{package}.signals")
+    from tests.jobs import check_tasks
+
+    try:
+        with override_settings(TASKS={
+                "default": {"BACKEND": f"{backends}.immediate.ImmediateBackend"}}):
+            made = limited_task(policies=["api"])(check_tasks.notify_partner)
+            assert [(m.id, m.msg) for m in check_settings()] == [(
+                "redislua.E032", "Job 'tests.jobs.check_tasks.notify_partner': its task backend "
+                "ImmediateBackend cannot run a task later (run_after), so a run its policies "
+                "deny could not be put off.")]
+            backend = {"default": {"BACKEND": f"{backends}.dummy.DummyBackend"}}
+            with override_settings(TASKS=backend):
+                assert check_settings() == []
+    finally:
+        # Django keeps the task's function (an lru_cache of signatures): the task outlives
+        # the test, but with its module unloaded the checks pass over it.
+        del sys.modules["tests.jobs.check_tasks"]
+    assert all(task is not made for task, _gate in tasks.limited_tasks())

@@ -126,6 +126,9 @@ class JobGate:
         self.rerun = singleton_rerun
         self.poll = parse_duration(poll)
         self.jitter = parse_duration(jitter)
+        # What a framework made over this gate, if it keeps one (limited_task: the Django
+        # Task, whose backend the system checks ask about).
+        self.task: Any = None
         _gates.add(self)
 
     # -- what the job's arguments make ----------------------------------------------------------

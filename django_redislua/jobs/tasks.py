@@ -32,6 +32,8 @@ with that record; nothing is dropped and nothing counts as a failure.
 from __future__ import annotations
 
 import functools
+import sys
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -48,6 +50,16 @@ except ImportError:  # Django 5.2: the django-tasks backport
     from django_tasks import task as _task  # type: ignore[import-not-found,no-redef,unused-ignore]
 
 __all__ = ["limited_task"]
+
+# The gates of every task limited_task made (each gate's ``task``): the system checks ask each
+# task's backend whether it can run a task later (redislua.E032). Weak: a test's task goes.
+_made: weakref.WeakSet[JobGate] = weakref.WeakSet()
+
+
+def limited_tasks() -> list[tuple[Any, JobGate]]:
+    """The tasks made so far whose module is still loaded, with their gates."""
+    return [(gate.task, gate) for gate in list(_made)
+            if gate.module is None or gate.module in sys.modules]
 
 
 def limited_task(*, policies: str | Policy | Sequence[str | Policy] = (),
@@ -89,6 +101,8 @@ def limited_task(*, policies: str | Policy | Sequence[str | Policy] = (),
                     "denied_by": list(admission.denied_by), "rescheduled_as": str(later.id)}
 
         made.append(_task(**options)(admitted))
+        gate.task = made[0]
+        _made.add(gate)
         return made[0]
 
     return decorate
