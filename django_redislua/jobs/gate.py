@@ -261,10 +261,13 @@ class JobGate:
                    else d.retry_after for d in denied)
         return self._limited(wait, tuple(d.policy.name for d in denied))
 
+    def _jittered(self, wait: float) -> float:
+        # Jobs put off together come back spread out, not all at the same instant (a tenth of
+        # the wait, at most ``jitter``): they would mostly be turned away again.
+        return wait + random.uniform(0, min(self.jitter, wait / 10))
+
     def _limited(self, wait: float, denied_by: tuple[str, ...]) -> Admission:
-        # Jitter: jobs denied together come back spread out, not all at the same instant
-        # (a tenth of the wait, at most ``jitter``): they would mostly be denied again.
-        retry_in = wait + random.uniform(0, min(self.jitter, wait / 10))
+        retry_in = self._jittered(wait)
         metrics.job(self.name, RATE_LIMITED)
         logger.info("job %s rate-limited%s: put off by %.2fs", self.name,
                     f" by {', '.join(denied_by)}" if denied_by else "", retry_in)
@@ -274,7 +277,7 @@ class JobGate:
         """A skipped run as one put off until the singleton's lease ends (a redelivered task
         whose own dead process may hold it): then it is asked again."""
         wait = self.poll if skipped.lease_left is None else max(skipped.lease_left, 0.001)
-        retry_in = wait + random.uniform(0, min(self.jitter, wait / 10))
+        retry_in = self._jittered(wait)
         logger.info("job %s: redelivered while its singleton is held (%s): put off by %.2fs, "
                     "until that lease ends", self.name, skipped.held_by, retry_in)
         return Admission("limited", retry_in=retry_in, held_by=skipped.held_by)
