@@ -202,7 +202,10 @@ def test_a_late_acked_singleton_whose_process_died_comes_back_after_its_lease(
     runs = notes(r, "late")
     assert len(runs) == 2, runs  # the killed run and the one after the lease, nothing more
     assert float(runs[1][3]) >= killed_at + left - 0.05  # not before the dead lease ended
-    assert "redelivered while its singleton is held" in workers.logs()
+    deadline = time.monotonic() + 30  # a worker's log reaches its file when it is flushed
+    while "redelivered while its singleton is held" not in workers.logs():
+        assert time.monotonic() < deadline, workers.logs()
+        time.sleep(0.05)
 
 
 def test_a_singleton_trigger_sent_while_it_runs_is_run_after_it_not_lost(

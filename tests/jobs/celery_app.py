@@ -68,7 +68,9 @@ def sync_catalog(n: int, hold: bool) -> int:
     return n
 
 
-@app.task(base=RedisluaTask, bind=True, singleton=True, singleton_timeout="3s", acks_late=True,
+# A lease of 10 s: the killed delivery comes back 0.2-4 s after the kill (measured), always
+# while the dead process's lease still holds, so the test sees the path it is about.
+@app.task(base=RedisluaTask, bind=True, singleton=True, singleton_timeout="10s", acks_late=True,
           reject_on_worker_lost=True)
 def nightly_late(self: RedisluaTask, n: int) -> int:
     """Acked when done; a delivery whose process dies comes back. The first run takes a minute
