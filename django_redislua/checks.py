@@ -38,10 +38,11 @@ FIXES = {
     "redislua.E004": "Give each policy a name and a dict of options, e.g. "
                      "\"POLICIES\": {\"api\": {\"rate\": \"100/m\"}}.",
     "redislua.E005": "Use one of fixed_window, sliding_log, sliding_window, token_bucket, "
-                     "leaky_bucket, gcra, concurrency.",
+                     "leaky_bucket, gcra, concurrency, calendar.",
     "redislua.E006": "Write a rate as \"5/m\", \"100/10s\", \"1000/day\" or \"3/15m\" "
-                     "(units s, m, h, d, or sec, min, hour, day), or give a callable "
-                     "(request) -> str | None or its dotted path.",
+                     "(units s, m, h, d, w, or sec, min, hour, day, week; a calendar policy "
+                     "counts per hour, day, week or month: \"10000/month\"), or give a "
+                     "callable (request) -> str | None or its dotted path.",
     "redislua.E007": "Give burst (a whole number >= 1) to token_bucket, leaky_bucket or gcra "
                      "only, small enough for the bucket to count exactly.",
     "redislua.E008": "Use ip, user, user_or_ip, header:<name>, get:<param>, post:<param>, a "
@@ -77,6 +78,9 @@ FIXES = {
                      "environment, or None for staff sessions only.",
     "redislua.E028": "Use \"text\" (the default: \"Too Many Requests\") or \"problem\" "
                      "(RFC 9457 application/problem+json).",
+    "redislua.E033": "Give a calendar policy a timezone name (\"Europe/Paris\"), a ZoneInfo, "
+                     "or a callable (request) -> zone name or its dotted path; other "
+                     "algorithms take no timezone.",
     "redislua.E029": "Name the policy on the view: throttle_policy = \"api\" (a name or a "
                      "list); or take PolicyThrottle out of its throttle_classes "
                      "(throttle_policy = None says no policy on purpose).",

@@ -250,6 +250,12 @@ def _setting(policy: Policy | str, identity: Who, kind: str, ttl: object,
             value = f"r|cc|{int(rate)}|{resolved.param}|"
         else:
             derived = resolved.with_rate(rate)  # raises PolicyError for a bad rate
+            if (resolved.code == "ca" and resolved.rate is not None and derived.rate is not None
+                    and derived.rate.calendar != resolved.rate.calendar):
+                # The periods are the policy's: a quota per month is not made one per day.
+                raise ValueError(
+                    f"policy {resolved.name!r} counts per {resolved.rate.calendar}: give its "
+                    f"override a rate per {resolved.rate.calendar} too, not {rate[:40]!r}")
             value = f"r|{derived.code}|{derived.limit}|{derived.param}|{derived.extra}"
     identity = identity_of(resolved, identity)
     shown = _bounded(identity if not isinstance(identity, bytes)

@@ -98,15 +98,15 @@ def report_broken(exc: PolicyError) -> None:
     )
 
 
-def report_rate_callable(exc: PolicyError) -> None:
-    """Log a rate callable's mistake (the message names the policy, the callable, what it did
-    and what the request got), once a minute per policy and mistake, with the traceback of an
-    exception it raised."""
-    held = _log_gate.due(f"rate-callable:{exc}")
+def report_rate_callable(exc: PolicyError, kind: str = "rate") -> None:
+    """Log a rate (or timezone) callable's mistake (the message names the policy, the callable,
+    what it did and what the request got), once a minute per policy and mistake, with the
+    traceback of an exception it raised."""
+    held = _log_gate.due(f"{kind}-callable:{exc}")
     if held is None:
         return
-    logger.error("%s (%s: a rate callable's mistake; see %s). Held back %d repeats of this "
-                 "line.", exc, exc.check_id, check_url(exc.check_id), held,
+    logger.error("%s (%s: a %s callable's mistake; see %s). Held back %d repeats of this "
+                 "line.", exc, exc.check_id, kind, check_url(exc.check_id), held,
                  exc_info=exc.__cause__ is not None)
 
 

@@ -42,7 +42,12 @@ from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.headers import rate_limit_headers
 from django_redislua.keys import KeyFunc, key_function, normalized
 from django_redislua.limiting.decision import Decision, PolicyError, RateLimited
-from django_redislua.limiting.definition import PolicyDefinition, RateCallableError, check_cost
+from django_redislua.limiting.definition import (
+    PolicyDefinition,
+    RateCallableError,
+    ZoneCallableError,
+    check_cost,
+)
 from django_redislua.limiting.engine import (
     Check,
     PartlyDecided,
@@ -85,7 +90,8 @@ class Rule:
         """The engine check for ``request``, or None when this rule does not apply to it.
 
         A rate callable's mistake is logged here and decided at the policy's
-        ``fallback_rate``; without one it raises :class:`RateCallableError` (answered 503).
+        ``fallback_rate``; without one it raises :class:`RateCallableError` (answered 503). A
+        timezone callable's mistake is logged and decided in the project's ``TIME_ZONE``.
         """
         if self.methods is not None and request.method not in self.methods:
             return None
@@ -101,6 +107,12 @@ class Rule:
             if resolved is None:  # the rate callable says: unlimited (e.g. for staff)
                 return None
             policy = resolved
+        if policy._zone_callable is not None:  # a calendar quota in the identity's timezone
+            try:
+                policy = policy.zoned_for(request)
+            except ZoneCallableError as exc:
+                report_rate_callable(exc, "timezone")
+                policy = exc.fallback
         identity: str | bytes | int | None = self.key(request)
         if identity is None:  # the key callable says: not limited
             return None

@@ -135,13 +135,15 @@ class JobGate:
 
     def policies(self) -> list[Policy]:
         """The policies, read from the settings now (an override or a settings change counts).
-        A policy whose rate is a callable of a request cannot limit a job: PolicyError."""
+        A policy whose rate (or timezone) is a callable of a request cannot limit a job:
+        PolicyError."""
         found = [p if isinstance(p, Policy) else get_policy(p) for p in self.policy_names]
         for policy in found:
-            if policy.is_dynamic:
+            if policy.is_dynamic or policy._zone_callable is not None:
+                what = "rate" if policy.is_dynamic else "timezone"
                 raise PolicyError(
-                    "redislua.E031", f"job {self.name!r}: policy {policy.name!r} takes its rate "
-                    f"from a request; a background job has none (give it a fixed rate)")
+                    "redislua.E031", f"job {self.name!r}: policy {policy.name!r} takes its {what} "
+                    f"from a request; a background job has none (give it a fixed {what})")
         return found
 
     def identity(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str:

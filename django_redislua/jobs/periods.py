@@ -8,21 +8,22 @@ the job, every later one is told who ran it and when; a run that raised stores n
 run whose process died frees the period when its lease (``timeout``) ends, so the next call
 runs it. The record expires when its period ends.
 
-:func:`period_of` is pure (no I/O): the calendar arithmetic, DST included, is tested with no
-Redis.
+:func:`period_of` (limiting/calendar.py, shared with the ``calendar`` algorithm) is pure: the
+calendar arithmetic, DST included, is tested with no Redis.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from datetime import UTC, date, datetime, time, timedelta, timezone, tzinfo
+from datetime import UTC, datetime, timezone, tzinfo
 from typing import Any, ParamSpec, TypeVar
 from zoneinfo import ZoneInfo
 
 from django.conf import settings as django_settings
 
 from django_redislua.limiting import clock
+from django_redislua.limiting.calendar import PERIODS, period_of
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.once import RunOutcome, run_once
 from django_redislua.protocol import Execute, Protocol
@@ -32,76 +33,6 @@ __all__ = ["PERIODS", "once_per", "period_of"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-PERIODS = ("hour", "day", "week", "month")
-
-
-def _midnight(day: date, zone: tzinfo) -> datetime:
-    """The first instant of ``day`` in ``zone``, in UTC."""
-    return datetime.combine(day, time(0), tzinfo=zone).astimezone(UTC)
-
-
-def period_of(moment: datetime, period: str, zone: tzinfo) -> tuple[str, datetime, datetime]:
-    """The ``period`` ("hour", "day", "week": ISO, from Monday; "month") of ``zone`` holding
-    the aware ``moment``: its label, its first instant and its end (both UTC).
-
-    Labels are the period in local time: ``2026-11-28T14+0100`` (the UTC offset tells apart
-    the two hours a DST change repeats), ``2026-11-28``, ``2026-W48``, ``2026-11``. A day is
-    the local day, 23 or 25 hours long on a DST change; an hour a change of offset falls
-    inside is cut there, in two periods.
-    """
-    if moment.tzinfo is None:
-        raise ValueError("period_of needs an aware datetime")
-    local = moment.astimezone(zone)
-    if period == "hour":
-        return _hour(moment.astimezone(UTC), local, zone)
-    today = local.date()
-    if period == "day":
-        return today.isoformat(), _midnight(today, zone), _midnight(
-            today + timedelta(days=1), zone)
-    if period == "week":
-        monday = today - timedelta(days=today.weekday())
-        year, week, _ = monday.isocalendar()
-        return f"{year}-W{week:02d}", _midnight(monday, zone), _midnight(
-            monday + timedelta(days=7), zone)
-    if period == "month":
-        first = today.replace(day=1)
-        following = (first + timedelta(days=32)).replace(day=1)
-        return f"{first:%Y-%m}", _midnight(first, zone), _midnight(following, zone)
-    raise ValueError(f"period must be one of {', '.join(PERIODS)}, not {period!r}")
-
-
-def _hour(moment: datetime, local: datetime, zone: tzinfo) -> tuple[str, datetime, datetime]:
-    """The local clock hour holding ``moment`` (UTC). Where a change of UTC offset falls inside
-    a clock hour (Lord Howe's 30-minute DST, Chatham's :45 change), the hour is cut there: the
-    part before and the part after are periods of their own, labelled by their own offset."""
-    start = moment - timedelta(minutes=local.minute, seconds=local.second,
-                               microseconds=local.microsecond)
-    start = _offset_change(start, moment, zone) or start
-    opened = start.astimezone(zone)
-    end = start + timedelta(minutes=60 - opened.minute) - timedelta(
-        seconds=opened.second, microseconds=opened.microsecond)
-    end = _offset_change(start, end - timedelta(microseconds=1), zone) or end
-    return opened.strftime("%Y-%m-%dT%H%z"), start, end
-
-
-def _offset_change(after: datetime, until: datetime, zone: tzinfo) -> datetime | None:
-    """The last instant in (after, until] where ``zone``'s UTC offset changes, or None. Zones
-    change at whole seconds and at most once an hour: a binary search over the seconds."""
-    offset = until.astimezone(zone).utcoffset()
-    if after.astimezone(zone).utcoffset() == offset:
-        return None
-    low, high = after, until  # the offset at low differs from the one at high
-    while high - low > timedelta(seconds=1):
-        middle = low + (high - low) / 2
-        if middle.astimezone(zone).utcoffset() == offset:
-            high = middle
-        else:
-            low = middle
-    change = high.replace(microsecond=0)
-    return change if change.astimezone(zone).utcoffset() == offset else change + timedelta(
-        seconds=1)
-
 
 def _zone(tz: str | tzinfo | None) -> tzinfo:
     if tz is None:

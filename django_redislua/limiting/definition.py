@@ -9,12 +9,16 @@ import functools
 import math
 import re
 from collections.abc import Callable, Sequence
+from datetime import tzinfo
 from typing import Any, Self, TypeVar
 
+from django.conf import settings as django_settings
 from django.utils.module_loading import import_string
 
 from django_redislua import conf
 from django_redislua.conf import settings
+from django_redislua.limiting import calendar
+from django_redislua.limiting.calendar import zone_of
 from django_redislua.limiting.errors import PolicyError
 from django_redislua.limiting.identity import bound_identity
 from django_redislua.limiting.rates import Rate, RateError, parse_duration, parse_rate
@@ -27,16 +31,20 @@ ALGORITHMS = {
     "leaky_bucket": "lb",
     "gcra": "gc",
     "concurrency": "cc",
+    "calendar": "ca",
 }
 WINDOW_ALGORITHMS = frozenset({"fixed_window", "sliding_log", "sliding_window"})
 BUCKET_ALGORITHMS = frozenset({"token_bucket", "leaky_bucket", "gcra"})
+CALENDAR = "calendar"  # a quota per calendar hour, day, week or month of a timezone
+# A calendar quota's count shares one integer with its period's start (lib/calendar.lua).
+MAX_CALENDAR_LIMIT = 999_999_999
 DEFAULT_ALGORITHM = "sliding_window"
 DEFAULT_CONCURRENCY_TIMEOUT = 60.0
 # Options a policy in REDISLUA["POLICIES"] may have. `key`, `methods` and `block` are read by the
 # Django layers; the core stores them untouched.
 POLICY_OPTIONS = frozenset(
     {"algorithm", "rate", "burst", "limit", "timeout", "key", "methods", "cost", "block", "mode",
-     "fallback_rate", "normalize", "count_failures"}
+     "fallback_rate", "normalize", "count_failures", "timezone"}
 )
 # "enforce": the Django layers deny what the policy denies. "shadow": decided, counted and
 # signalled exactly the same, but never blocks a request and sets no headers (a dry run).
@@ -124,6 +132,7 @@ class PolicyDefinition:
         fallback_rate: str | None = None,
         normalize: bool = False,
         count_failures: CountFailures = None,
+        timezone: object = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise PolicyError(
@@ -171,12 +180,19 @@ class PolicyDefinition:
         self.burst: int | None = None
         self.extra = ""  # the script's per-policy "extra" argument, where the algorithm has one
         self._rate_callable: Callable[..., str | None] | None = None
+        # A calendar policy's timezone: None (the project's TIME_ZONE, read per decision), a
+        # tzinfo, or a callable (request) -> zone that the Django layers resolve per request
+        # (see in_zone).
+        self.zone: tzinfo | None = None
+        self._zone_callable: Callable[..., object] | None = None
         # (settings generation, "<KEY_PREFIX>:<name>:<code>:{", "<KEY_PREFIX>:ov:{"): see
         # redis_key and redis_keys
         self._key_head: tuple[int, str, str] = (-1, "", "")
         # The engine's cache of what a single check sends (engine._single_call).
         self._single_call: tuple[int, Any, tuple[Any, ...]] = (-1, None, ())
 
+        if timezone is not None:
+            self._set_zone(timezone)
         if algorithm == "concurrency":
             if limit is None:
                 raise PolicyError(
@@ -246,6 +262,15 @@ class PolicyDefinition:
     def _set_rate(self, rate: Rate, *, fixed: bool = True) -> None:
         """``fixed``: the rate is the policy's own (a cost above it is a mistake), not one a
         rate callable returned for one request (then it is a denial)."""
+        if self.algorithm == CALENDAR and rate.calendar is None:
+            raise PolicyError(
+                "redislua.E006", f"policy {self.name!r}: a calendar quota counts per hour, day, "
+                f"week or month (\"10000/month\", \"1000/day\"), not per {rate}")
+        if self.algorithm != CALENDAR and rate.calendar == "month":
+            raise PolicyError(
+                "redislua.E006", f"policy {self.name!r}: months differ in length, so "
+                f"{self.algorithm} cannot count per month; use algorithm 'calendar' for a quota "
+                "reset on the 1st, or a rolling '30d'")
         self.rate = rate
         if rate.count == 0:  # denies everything, decided without Redis (see engine._doomed)
             self.limit, self.param = 0, rate.period_us
@@ -254,7 +279,75 @@ class PolicyDefinition:
         if fixed:
             check_cost(self, self.cost)
 
+    def _set_zone(self, spec: object) -> None:
+        what = f"policy {self.name!r}: timezone"
+        if self.algorithm != CALENDAR:
+            raise PolicyError("redislua.E033", f"{what} is for calendar policies (algorithm "
+                              f"'calendar'); a {self.algorithm} policy counts rolling time")
+        if callable(spec) or (isinstance(spec, str) and _DOTTED_PATH.fullmatch(spec)):
+            self._zone_callable = resolve_callable(spec, "redislua.E033", what)
+            return
+        try:
+            self.zone = zone_of(spec)
+        except ValueError as exc:
+            raise PolicyError("redislua.E033", f"{what}: {exc}") from None
+
+    def calendar_zone(self) -> tzinfo:
+        """The timezone a calendar policy's periods are in: its own, else the project's
+        ``TIME_ZONE``. A zone callable must have been resolved (see :meth:`in_zone`)."""
+        if self.zone is not None:
+            return self.zone
+        if self._zone_callable is not None:
+            raise PolicyError(
+                "redislua.E033", f"policy {self.name!r} has a timezone callable; resolve it "
+                "with policy.in_zone()")
+        return default_zone()
+
+    def calendar_bounds(self, at_us: int | None = None) -> str:
+        """What a decision of this calendar policy sends as its extra: the boundaries of its
+        periods around ``at_us`` (a test's time), else around this process's clock
+        (:func:`calendar.bounds`)."""
+        assert self.rate is not None and self.rate.calendar is not None
+        return calendar.bounds(self.rate.calendar, self.calendar_zone(),
+                               calendar.now_us() if at_us is None else at_us)
+
+    @property
+    def zone_callable_name(self) -> str:
+        """The timezone callable's dotted name, for log lines."""
+        spec = self._zone_callable
+        return f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
+
+    def in_zone(self, zone: object) -> Self:
+        """This calendar policy with its periods in ``zone`` (a name, a ZoneInfo; None: the
+        project's ``TIME_ZONE``): same name, same keys. ValueError for what is no timezone."""
+        zoned: Self = _zoned(self, None if zone is None else zone_of(zone))
+        return zoned
+
+    def zoned_for(self, *args: Any) -> Self:
+        """This policy in the timezone its timezone callable gives for ``args`` (a request);
+        itself when it has none. A mistake of the callable (it raised, or gave what is no
+        timezone) raises :class:`ZoneCallableError`, which carries the policy in the project's
+        ``TIME_ZONE`` to decide with instead (a quota is never lifted by it)."""
+        if self._zone_callable is None:
+            return self
+        try:
+            zone = self._zone_callable(*args)
+        except Exception as exc:  # the callable is the user's code: any mistake of it
+            raise ZoneCallableError(self, f"raised {type(exc).__name__}: {str(exc)[:200]}"
+                                    ) from exc
+        try:
+            return self.in_zone(zone)
+        except ValueError as exc:
+            raise ZoneCallableError(self, f"returned {zone!r:.80} ({exc})") from None
+
     def _set_limit(self, rate: Rate) -> None:
+        if self.algorithm == CALENDAR:
+            if rate.count > MAX_CALENDAR_LIMIT:
+                raise PolicyError(
+                    "redislua.E006", f"policy {self.name!r}: a calendar quota counts up to "
+                    f"{MAX_CALENDAR_LIMIT:,}, not {rate.count:,}")
+            self.limit, self.param = rate.count, rate.period_us
+            return
         if self.algorithm in WINDOW_ALGORITHMS:
             self.limit = rate.count
             self.param = rate.period_us
@@ -369,6 +462,40 @@ class PolicyDefinition:
                 conf.generation, f"{prefix}:{self.name}:{self.code}:{{",
                 f"{prefix}:{OVERRIDES}:{{")
         return head
+
+
+@functools.cache
+def _zone_named(name: str) -> tzinfo:
+    return zone_of(name)
+
+
+def default_zone() -> tzinfo:
+    """The project's ``TIME_ZONE`` (UTC when unset), where calendar periods are by default."""
+    name = getattr(django_settings, "TIME_ZONE", None) or "UTC"
+    return _zone_named(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _zoned(policy: D, zone: tzinfo | None) -> D:
+    zoned = type(policy).__new__(type(policy))
+    zoned.__dict__.update(policy.__dict__)
+    zoned._zone_callable = None
+    zoned.zone = zone
+    return zoned
+
+
+class ZoneCallableError(PolicyError):
+    """A calendar policy's timezone callable made a mistake for one request: the request is
+    decided in the project's ``TIME_ZONE`` instead (``fallback``), and the mistake logged."""
+
+    def __init__(self, policy: PolicyDefinition, what: str) -> None:
+        super().__init__(
+            "redislua.E033",
+            f"policy {policy.name!r}: its timezone callable {policy.zone_callable_name} {what}; "
+            "its requests are decided in the project's TIME_ZONE",
+        )
+        self.policy = policy
+        self.fallback = policy.in_zone(None)
 
 
 class RateCallableError(PolicyError):

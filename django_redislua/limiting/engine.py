@@ -51,7 +51,8 @@ US = 1_000_000.0
 NEVER = math.inf  # retry_after of a denial no wait can lift (a zero rate, a cost above capacity)
 SCRIPT = "django_redislua.ratelimit"
 # A single check goes to its algorithm's own flat script (ratelimit_fw.lua): no function in it.
-SCRIPT_ONE = {code: f"{SCRIPT}_{code}" for code in ("fw", "sl", "sw", "tb", "lb", "gc", "cc")}
+SCRIPT_ONE = {code: f"{SCRIPT}_{code}"
+              for code in ("fw", "sl", "sw", "tb", "lb", "gc", "cc", "ca")}
 
 
 def _nonce() -> str:
@@ -65,6 +66,8 @@ def _validate(policy: PolicyDefinition, cost: int) -> None:
             "redislua.E006",
             f"policy {policy.name!r} has a callable rate; resolve it with policy.with_rate()",
         )
+    if policy._zone_callable is not None:
+        policy.calendar_zone()  # raises: resolve it with policy.in_zone()
     if cost < 1:
         raise ValueError(f"policy {policy.name!r}: cost {cost} must be at least 1")
     if policy.code == "cc" and cost != 1:
@@ -81,10 +84,18 @@ def _denied(policy: PolicyDefinition, identity: str | bytes | int) -> Decision:
     return Decision(False, policy.limit, policy.limit, 0.0, NEVER, policy, identity)
 
 
-def _extra(policy: PolicyDefinition) -> Any:
+def _extra(policy: PolicyDefinition, now_us: int | None) -> Any:
     """The script's per-policy "extra" argument: a fresh id for a concurrency lease, the
-    bucket's interval denominator, or "" (the window algorithms)."""
-    return _nonce() if policy.code == "cc" else policy.extra
+    boundaries of the calendar periods around now (``now_us``, a test's time, or this
+    process's clock as far ahead as the decisions' clock), the bucket's interval denominator,
+    or "" (the window algorithms)."""
+    code = policy.code
+    if code == "cc":
+        return _nonce()
+    if code == "ca":
+        return policy.calendar_bounds(now_us)
+    return policy.extra
+
 
 
 def _lease_given_back(failure: BaseException, key: str, lease: str,
@@ -119,7 +130,7 @@ class _One:
         self.started = time.perf_counter() if sinks else 0.0
         # This runs on every decision, mostly with caches cold: one test for the rare cases.
         if (cost < 1 or cost > policy.limit or policy._rate_callable is not None
-                or (policy.code == "cc" and cost != 1)):
+                or (policy.code == "cc" and cost != 1) or policy._zone_callable is not None):
             _validate(policy, cost)  # raises for a caller's mistake; else the check is doomed
             self.decided = self._metered(_denied(policy, identity))
             return
@@ -131,7 +142,7 @@ class _One:
             if known is not None:
                 self.decided = self._metered(known)
                 return
-        self.extra = extra = _extra(policy)
+        self.extra = extra = _extra(policy, now_us)
         call = policy._single_call
         if call[0] != conf.generation:
             call = _single_call(policy)
@@ -286,7 +297,7 @@ class _Plan:
             for i, j in enumerate(group, 1):
                 policy, _identity, cost, gate, key = unique[j]
                 keys.append(key)
-                self.extras[j] = _extra(policy)
+                self.extras[j] = _extra(policy, now_us)
                 args += (policy.code, policy.limit, policy.param, cost, self.extras[j],
                          "1" if gate else "0", policy.name)
                 if policy.keeps_rate and not peek:

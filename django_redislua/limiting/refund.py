@@ -67,7 +67,8 @@ class Refund:
         elapsed = (local_us() if now_us is None else now_us) - self.received
         state, overrides = policy.redis_keys(d.key)
         return [state, overrides], [
-            clock.script_now(now_us), policy.code, policy.limit, policy.param, policy.extra,
+            clock.script_now(now_us), policy.code, policy.limit, policy.param,
+            policy.calendar_bounds(now_us) if policy.code == "ca" else policy.extra,
             policy.name, d.consumed, d.limit, "r" if d.override == RATE else "",
             round(d.reset_after * 1_000_000), max(0, elapsed),
         ]

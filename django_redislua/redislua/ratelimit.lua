@@ -10,12 +10,13 @@
 --          ahead (the testing helpers' advance()); or the time itself, in microseconds (tests
 --          inject it). Production sends "".
 -- Then seven ARGV per policy i, starting at ARGV[3 + 7 * (i - 1)]:
---   algorithm code ("fw", "sl", "sw", "tb", "lb", "gc", "cc"),
+--   algorithm code ("fw", "sl", "sw", "tb", "lb", "gc", "cc", "ca"),
 --   limit (count per period, or capacity/burst, or slots),
 --   param (period or lease timeout in integer microseconds; for the buckets the numerator p
 --          of the interval between requests, p / q microseconds),
 --   cost (integer >= 1, at most limit),
---   extra (the lease id for "cc", q for the buckets, otherwise ""),
+--   extra (the lease id for "cc", q for the buckets, the periods' boundaries for "ca"
+--          (lib/calendar.lua), otherwise ""),
 --   gate ("1": a denial by this policy denies the request, "0": it only marks it),
 --   name (the policy's, its field in the override hash).
 -- Then, for the M policies (0 <= M <= N) at a rate their rate callable gave: KEYS[2N + j] the
@@ -75,6 +76,8 @@ local function decide_policy(code, key, now, limit, param, cost, extra, consume,
 --#include lib/gcra.lua
   elseif code == 'cc' then
 --#include lib/concurrency.lua
+  elseif code == 'ca' then
+--#include lib/calendar.lua
   else
     return nil
   end

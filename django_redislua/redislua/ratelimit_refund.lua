@@ -8,8 +8,9 @@
 -- KEYS[2]  the identity's override hash (lib/override.lua; the same hash tag as KEYS[1]).
 -- ARGV[1]  "" to read the server clock with TIME; "+N" for TIME N microseconds ahead (the testing
 --          helpers' advance()); or the time itself, in microseconds (tests inject it).
--- ARGV[2]  the algorithm code ("fw", "sl", "sw", "tb", "lb", "gc"; never "cc").
--- ARGV[3]  the policy's own limit; ARGV[4] its param; ARGV[5] its extra (as ratelimit.lua's).
+-- ARGV[2]  the algorithm code ("fw", "sl", "sw", "tb", "lb", "gc", "ca"; never "cc").
+-- ARGV[3]  the policy's own limit; ARGV[4] its param; ARGV[5] its extra (as ratelimit.lua's:
+--          for a calendar policy the boundaries of the periods around this call).
 -- ARGV[6]  the policy's name (its field in the override hash).
 -- ARGV[7]  the cost the hit consumed (>= 1).
 -- ARGV[8]  the limit the hit was decided with (the policy's, or a live override's changed rate).
@@ -91,6 +92,39 @@ if code == 'fw' then
     redis.call('SET', key, struct.pack('<I7I5', start, count), 'KEEPTTL')
   else
     redis.call('SET', key, struct.pack('<dd', start, count), 'KEEPTTL')
+  end
+  return 1
+
+elseif code == 'ca' then
+  -- The hit's period is the one holding LATEST among the boundaries sent (EXTRA, as a
+  -- decision's: lib/calendar.lua); nothing is given back once the stored period is another.
+  local b0, b1, b2, b3 = string.match(extra, '^(%d+),(%d+),(%d+),(%d+)$')
+  if not b0 then return 0 end
+  b0, b1, b2, b3 = b0 + 0, b1 + 0, b2 + 0, b3 + 0
+  local start
+  if latest >= b1 and latest < b2 then start = b1
+  elseif latest >= b0 and latest < b1 then start = b0
+  elseif latest >= b2 and latest < b3 then start = b2
+  else return 0 end
+  local state = redis.call('GET', key)
+  if not state then return 0 end
+  local stored, count
+  if #state == 19 then
+    stored, count = string.sub(state, 1, 10) * 1000000, string.sub(state, 11) + 0
+  else
+    local s, c = string.match(state, '^(%d+):(%d+)$')
+    stored, count = s * 1000000, c + 0
+  end
+  if stored ~= start then return 0 end
+  local back = math.min(cost, count)
+  if back <= 0 then return 0 end
+  count = count - back
+  if count == 0 then
+    redis.call('DEL', key)
+  elseif #state == 19 then
+    redis.call('INCRBY', key, -back)  -- the count's digits, in place: the expiry stays
+  else
+    redis.call('SET', key, string.format('%d:%d', stored / 1000000, count), 'KEEPTTL')
   end
   return 1
 

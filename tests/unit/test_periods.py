@@ -1,4 +1,5 @@
-"""Calendar periods of ``once_per`` (django_redislua.jobs.periods.period_of): no Redis, no clock.
+"""Calendar periods (django_redislua.limiting.calendar.period_of, of ``once_per`` and the
+``calendar`` algorithm): no Redis, no clock.
 
 Days, weeks and months in a timezone across DST changes both ways (Europe/Paris, America/
 New_York), month ends and leap years, ISO weeks across a year's end; and a sweep of a whole
@@ -13,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from django_redislua.jobs.periods import PERIODS, period_of
+from django_redislua.limiting.calendar import PERIODS, period_of
 
 PARIS = ZoneInfo("Europe/Paris")
 NEW_YORK = ZoneInfo("America/New_York")

@@ -1,0 +1,148 @@
+"""Calendar periods: an hour, day, week or month of a timezone, DST and month lengths right.
+
+No I/O, no Django: :func:`period_of` is the arithmetic ``once_per`` and the ``calendar``
+algorithm share; :func:`bounds` is what a calendar policy's script call sends, the boundaries
+of the periods around this process's clock, among which the script picks the one holding the
+Redis server's ``TIME`` (so hosts whose clocks disagree by less than a period still decide on
+the server's clock, at a period's boundary too).
+"""
+
+from __future__ import annotations
+
+import time as _time
+from datetime import UTC, date, datetime, time, timedelta, timezone, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django_redislua.limiting import clock
+
+__all__ = ["PERIODS", "bounds", "now_us", "period_length", "period_of", "zone_of"]
+
+PERIODS = ("hour", "day", "week", "month")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+
+def _midnight(day: date, zone: tzinfo) -> datetime:
+    """The first instant of ``day`` in ``zone``, in UTC."""
+    return datetime.combine(day, time(0), tzinfo=zone).astimezone(UTC)
+
+
+def period_of(moment: datetime, period: str, zone: tzinfo) -> tuple[str, datetime, datetime]:
+    """The ``period`` ("hour", "day", "week": ISO, from Monday; "month") of ``zone`` holding
+    the aware ``moment``: its label, its first instant and its end (both UTC).
+
+    Labels are the period in local time: ``2026-11-28T14+0100`` (the UTC offset tells apart
+    the two hours a DST change repeats), ``2026-11-28``, ``2026-W48``, ``2026-11``. A day is
+    the local day, 23 or 25 hours long on a DST change; an hour a change of offset falls
+    inside is cut there, in two periods.
+    """
+    if moment.tzinfo is None:
+        raise ValueError("period_of needs an aware datetime")
+    local = moment.astimezone(zone)
+    if period == "hour":
+        return _hour(moment.astimezone(UTC), local, zone)
+    today = local.date()
+    if period == "day":
+        return today.isoformat(), _midnight(today, zone), _midnight(
+            today + timedelta(days=1), zone)
+    if period == "week":
+        monday = today - timedelta(days=today.weekday())
+        year, week, _ = monday.isocalendar()
+        return f"{year}-W{week:02d}", _midnight(monday, zone), _midnight(
+            monday + timedelta(days=7), zone)
+    if period == "month":
+        first = today.replace(day=1)
+        following = (first + timedelta(days=32)).replace(day=1)
+        return f"{first:%Y-%m}", _midnight(first, zone), _midnight(following, zone)
+    raise ValueError(f"period must be one of {', '.join(PERIODS)}, not {period!r}")
+
+
+def _hour(moment: datetime, local: datetime, zone: tzinfo) -> tuple[str, datetime, datetime]:
+    """The local clock hour holding ``moment`` (UTC). Where a change of UTC offset falls inside
+    a clock hour (Lord Howe's 30-minute DST, Chatham's :45 change), the hour is cut there: the
+    part before and the part after are periods of their own, labelled by their own offset."""
+    start = moment - timedelta(minutes=local.minute, seconds=local.second,
+                               microseconds=local.microsecond)
+    start = _offset_change(start, moment, zone) or start
+    opened = start.astimezone(zone)
+    end = start + timedelta(minutes=60 - opened.minute) - timedelta(
+        seconds=opened.second, microseconds=opened.microsecond)
+    end = _offset_change(start, end - timedelta(microseconds=1), zone) or end
+    return opened.strftime("%Y-%m-%dT%H%z"), start, end
+
+
+def _offset_change(after: datetime, until: datetime, zone: tzinfo) -> datetime | None:
+    """The last instant in (after, until] where ``zone``'s UTC offset changes, or None. Zones
+    change at whole seconds and at most once an hour: a binary search over the seconds."""
+    offset = until.astimezone(zone).utcoffset()
+    if after.astimezone(zone).utcoffset() == offset:
+        return None
+    low, high = after, until  # the offset at low differs from the one at high
+    while high - low > timedelta(seconds=1):
+        middle = low + (high - low) / 2
+        if middle.astimezone(zone).utcoffset() == offset:
+            high = middle
+        else:
+            low = middle
+    change = high.replace(microsecond=0)
+    return change if change.astimezone(zone).utcoffset() == offset else change + timedelta(
+        seconds=1)
+
+
+def zone_of(tz: object) -> tzinfo:
+    """A zone name, a ZoneInfo or a ``datetime.timezone`` as a tzinfo; ValueError otherwise
+    (pytz's zones carry their oldest offset until ``localize()``: midnights would be wrong)."""
+    if isinstance(tz, str):
+        try:
+            return ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"{tz[:60]!r} is not a timezone name (such as 'Europe/Paris'): "
+                             f"{type(exc).__name__}") from None
+    if isinstance(tz, ZoneInfo | timezone):
+        return tz
+    raise ValueError(f"a timezone is a name such as 'Europe/Paris', a ZoneInfo or a "
+                     f"datetime.timezone, not {type(tz).__name__}")
+
+
+def _us(moment: datetime) -> int:
+    return (moment - _EPOCH) // _US
+
+
+# (period, zone) -> (start, end) of the period last computed, and what bounds() sends for it:
+# every decision of a calendar policy reads it, a period's arithmetic runs once per period.
+_cached: dict[tuple[str, tzinfo], tuple[int, int, str]] = {}
+_MAX_CACHED = 4096  # periods x zones (a zone per identity: about 600 names exist)
+
+
+def bounds(period: str, zone: tzinfo, now_us: int) -> str:
+    """What a calendar decision sends the script (lib/calendar.lua's ``extra``): the
+    boundaries, in microseconds since the epoch, of the period holding ``now_us`` and of the
+    one before and after it, ``"B0,B1,B2,B3"`` (B1 <= now_us < B2). The script decides in
+    the one holding the server's clock."""
+    key = (period, zone)
+    hit = _cached.get(key)
+    if hit is not None and hit[0] <= now_us < hit[1]:
+        return hit[2]
+    moment = _EPOCH + timedelta(microseconds=now_us)
+    _label, start, end = period_of(moment, period, zone)
+    before = period_of(start - _US, period, zone)[1]
+    after = period_of(end, period, zone)[2]
+    text = f"{_us(before)},{_us(start)},{_us(end)},{_us(after)}"
+    if len(_cached) >= _MAX_CACHED:
+        _cached.clear()
+    _cached[key] = (_us(start), _us(end), text)
+    return text
+
+
+def period_length(period: str, zone: tzinfo, now_us: int) -> int:
+    """The length in microseconds of the period holding ``now_us`` (a month of 28 to 31 days,
+    a day of 23 to 25 hours)."""
+    _before, start, end, _after = bounds(period, zone, now_us).split(",")
+    return int(end) - int(start)
+
+
+def now_us() -> int:
+    """This process's estimate of the decisions' clock: its own, as far ahead as the pytest
+    plugin moved the decisions' clock (:mod:`clock`)."""
+    return _time.time_ns() // 1000 + clock.shift_us
+

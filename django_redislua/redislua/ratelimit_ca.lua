@@ -1,0 +1,12 @@
+-- Rate-limit decision for one calendar policy ("ca"): KEYS and ARGV as ratelimit.lua's with one
+-- policy: KEYS[1] its state key, KEYS[2] its identity's override hash; ARGV[1] "hit", "peek"
+-- or "soft"; ARGV[2] "" (TIME), "+N" (TIME plus N us) or the time; ARGV[3..9] the policy's
+-- seven, its extra the periods' boundaries (lib/calendar.lua). A policy at a rate its rate
+-- callable gave adds KEYS[3], the key keeping that rate, and ARGV[10], its record
+-- (ratelimit.lua, "Kept rates"). The engine sends a single check here. Flat: an EVALSHA
+-- re-creates every function a script defines on each call, so the algorithm is inlined as a
+-- block between the single-policy start and end.
+--#per-call
+--#include lib/single_begin.lua
+--#include lib/calendar.lua
+--#include lib/single_end.lua
