@@ -139,13 +139,26 @@ def _policy_rows(in_use: dict[str, PolicyInUse]) -> list[dict[str, Any]]:
             "source": entry.source,
             "mode": policy.mode,
             "algorithm": policy.algorithm,
-            "rate": (f"{policy.callable_name}(request)" if policy.is_dynamic
-                     else policy.rate_spec if policy.algorithm != "concurrency" else None),
+            "rate": _rate_shown(policy),
             "limit": policy.limit if not policy.is_dynamic else "per request",
             "timeout": None if policy.timeout is None else duration(policy.timeout),
             "key": _key_shown(policy.key),
         })
     return rows
+
+
+def _rate_shown(policy: Any) -> str | None:
+    """A policy's rate as the policies table shows it: per plan (its own for the others), a
+    rate callable's dotted name, or the rate; None for a concurrency policy."""
+    if policy.algorithm == "concurrency":
+        return None
+    if policy.plans is not None:
+        plans = ", ".join(f"{plan} {'unlimited' if rate is None else rate}"
+                          for plan, rate in policy.plans.items())
+        return f"{plans}; else {policy.rate_spec}"
+    if policy.is_dynamic:
+        return f"{policy.callable_name}(request)"
+    return str(policy.rate_spec)
 
 
 def _key_shown(key: object) -> str:

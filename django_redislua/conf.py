@@ -210,6 +210,11 @@ class Settings:
     IPV6_MASK = Setting(64, int, "redislua.E015", _mask_rule(128))
     # Checked with the views and throttles using them: checks._policies.
     POLICIES: Setting[dict[str, dict[str, Any]]] = Setting({}, dict, copy=dict.copy)
+    # Plans (plan name -> {policy name: rate, or None for unlimited}) and PLAN, the callable
+    # (request) -> plan name (or its dotted path) that picks a request's: a policy a plan names
+    # decides at that plan's rate (docs/quotas.md). Checked with POLICIES: checks._plans.
+    PLANS: Setting[dict[str, dict[str, Any]]] = Setting({}, dict, copy=dict.copy)
+    PLAN = Setting[Any](None, _as_is)
     # Checked against POLICIES: checks._middleware_policies.
     MIDDLEWARE_POLICIES: Setting[list[dict[str, Any]]] = Setting([], list, copy=list.copy)
     DENIED_VIEW = Setting[str | None](None, _str_or_none, "redislua.E018", _denied_view_rule)

@@ -8,11 +8,13 @@ per policy, the item a String naming the policy)::
     RateLimit: "login";r=0;t=42, "api";r=19;t=1, "export";r=1
 
 ``q`` is the quota (the Decision's ``limit``) and ``w`` the window in seconds, so that ``q``
-per ``w`` is the policy's sustained rate; ``r`` is what remains and ``t`` the effective window
-(see :func:`effective_window`). A concurrency policy counts requests in flight: its unit is
-``qu="concurrent-requests"`` (draft -11 section 3.1.2; the default unit, "requests", is never
-written) and it has no time window, so neither ``w`` nor ``t`` is sent (the draft's own
-example of a quota without a time window, section 4.2, sends no ``t``). The legacy
+per ``w`` is the policy's sustained rate (a calendar quota's ``w`` is its current period: this
+month's length); ``r`` is what remains and ``t`` the effective window (see
+:func:`effective_window`: a calendar quota's reset, the period's end). A concurrency policy
+counts requests in flight: its unit is ``qu="concurrent-requests"`` (draft -11 section 3.1.2;
+the default unit, "requests", is never written) and it has no time window, so neither ``w``
+nor ``t`` is sent (the draft's own example of a quota without a time window, section 4.2,
+sends no ``t``). The legacy
 ``X-RateLimit-Limit/Remaining/Reset`` headers can describe one policy only: the one closest to
 denying (least remaining) speaks for the response. ``X-RateLimit-Reset`` is in seconds from
 now, not an epoch time.
@@ -24,17 +26,25 @@ import math
 from collections.abc import Sequence
 
 from django_redislua.conf import settings
+from django_redislua.limiting.calendar import now_us, period_length
 from django_redislua.limiting.decision import Decision
-from django_redislua.limiting.definition import WINDOW_ALGORITHMS
+from django_redislua.limiting.definition import CALENDAR, WINDOW_ALGORITHMS
 
 # draft-ietf-httpapi-ratelimit-headers-11, section 3.1.2: the quota unit of a concurrency limit.
 CONCURRENT_REQUESTS = "concurrent-requests"
 
 
-def _window_seconds(decision: Decision) -> int | None:
+def window_seconds(decision: Decision) -> int | None:
+    """The ``w`` parameter: the policy's window in whole seconds (rounded up); None for a
+    concurrency policy."""
     policy = decision.policy
     if policy.rate is None:  # concurrency: a count of requests in flight, not a rate
         return None
+    if policy.rate.calendar is not None and policy.algorithm == CALENDAR:
+        # A calendar quota's window is its period now: a month of 28 to 31 days, a day of 23
+        # to 25 hours across a DST change.
+        return max(1, math.ceil(period_length(
+            policy.rate.calendar, policy.calendar_zone(), now_us()) / 1_000_000))
     if policy.algorithm in WINDOW_ALGORITHMS:
         return max(1, math.ceil(policy.rate.period))
     # Buckets: the time an empty bucket takes to refill to its capacity.
@@ -108,7 +118,7 @@ def rate_limit_headers(
         policies, limits = [], []
         for d in decisions:
             name = _sf_string(d.policy.name)
-            window = _window_seconds(d)
+            window = window_seconds(d)
             if window is None:
                 policies.append(f'{name};q={d.limit};qu="{CONCURRENT_REQUESTS}"')
             else:

@@ -8,18 +8,24 @@ quota was exceeded"; section 10.2.1 registers its URI and its title, "Quota Exce
 429 as the recommended status. The names are those of the ``RateLimit-Policy`` items
 (:func:`~django_redislua.headers.policy_label`), so a client can match the two. The body is
 built as a dict and serialised by ``json.dumps``: names come from settings, but nothing a
-name contains can break the JSON.
+name contains can break the JSON. A denied calendar quota adds when it resets (the end of its
+period, in its timezone) to the detail and as the extension member ``quota-resets`` (policy
+name -> ISO 8601 time).
 """
 
 from __future__ import annotations
 
 import json
+import math
+from datetime import UTC, datetime
 from typing import Any
 
 from django.http import HttpResponse
 
 from django_redislua.headers import policy_label, retry_after_seconds
-from django_redislua.limiting.decision import BLOCK, RateLimited
+from django_redislua.limiting.calendar import now_us
+from django_redislua.limiting.decision import BLOCK, Decision, RateLimited
+from django_redislua.limiting.definition import CALENDAR
 
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 QUOTA_EXCEEDED_TITLE = "Quota Exceeded"
@@ -45,6 +51,10 @@ def quota_exceeded(exception: RateLimited) -> dict[str, Any]:
         after = f"; retry after {wait} seconds."
     else:
         after = "."  # a RateLimited raised without a denied Decision
+    resets = _quota_resets(denied)
+    if resets:
+        after = after[:-1] + "".join(
+            f"; the {name} quota resets at {at}" for name, at in resets.items()) + "."
     if blocked:
         return {
             "type": ABNORMAL_USAGE,
@@ -53,13 +63,30 @@ def quota_exceeded(exception: RateLimited) -> dict[str, Any]:
             "detail": f"Requests blocked by {', '.join(names)}{after}",
             "violated-policies": names,
         }
-    return {
+    body: dict[str, Any] = {
         "type": QUOTA_EXCEEDED,
         "title": QUOTA_EXCEEDED_TITLE,
         "status": 429,
         "detail": f"Quota exceeded for {', '.join(names) or 'this request'}{after}",
         "violated-policies": names,
     }
+    if resets:
+        body["quota-resets"] = resets
+    return body
+
+
+def _quota_resets(denied: list[Decision]) -> dict[str, str]:
+    """When each denied calendar quota resets (its period's end), in its own timezone, to the
+    second: what a paying customer is told (an extension member, RFC 9457 section 3.2)."""
+    resets: dict[str, str] = {}
+    now = now_us() / 1_000_000
+    for d in denied:
+        policy = d.policy
+        if policy.algorithm != CALENDAR or math.isinf(d.retry_after) or d.override == BLOCK:
+            continue
+        at = datetime.fromtimestamp(round(now + d.retry_after), UTC)
+        resets[policy_label(policy.name)] = at.astimezone(policy.calendar_zone()).isoformat()
+    return resets
 
 
 def quota_exceeded_response(exception: RateLimited) -> HttpResponse:

@@ -58,6 +58,7 @@ from django_redislua.limiting.engine import (
 from django_redislua.limiting.policy import Policy
 from django_redislua.limiting.refund import Refund, refunding, refunds_of
 from django_redislua.limiting.registry import get_policy
+from django_redislua.plans import planned
 from django_redislua.problem import quota_exceeded_response
 from django_redislua.protocol import Invoke, Protocol
 from django_redislua.reporting import (
@@ -96,7 +97,12 @@ class Rule:
         if self.methods is not None and request.method not in self.methods:
             return None
         policy: PolicyDefinition = self.policy
-        if policy.is_dynamic:
+        if policy.plans is not None:  # a plan names it: the rate of the request's plan
+            planned_policy = planned(policy, request)
+            if planned_policy is None:  # the plan says: unlimited
+                return None
+            policy = planned_policy
+        elif policy.is_dynamic:
             try:
                 resolved = policy.resolved_for(request)
             except RateCallableError as exc:

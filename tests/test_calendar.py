@@ -235,3 +235,13 @@ def test_the_plugins_clock_crosses_into_the_next_month() -> None:
         assert quota.hit("u").allowed  # the 1st: reset
     finally:
         clock.reset()
+
+
+def test_the_algorithm_pages_month_in_paris() -> None:
+    """docs/algorithms.md's table, instant by instant."""
+    quota = Policy("q", rate="3/month", algorithm="calendar", timezone="Europe/Paris")
+    for hour in (9, 10, 11):
+        assert engine.decide(quota, "u", 1, now_us=at(PARIS, 2026, 11, 29, hour)).allowed
+    refused = engine.decide(quota, "u", 1, now_us=at(PARIS, 2026, 11, 30, 23, 59, 59))
+    assert not refused.allowed and refused.retry_after == 1.0
+    assert engine.decide(quota, "u", 1, now_us=at(PARIS, 2026, 12, 1)).allowed

@@ -70,7 +70,9 @@ OVERRIDES = "ov"
 # The key kind of the rate a rate callable last gave an identity (see Policy.rate_key): two
 # letters, none of ALGORITHMS' codes, so never read as a state key.
 RATE_KEPT = "rt"
-MAX_RATE_TEXT = 40  # characters of a kept rate's text ("1000/h"): a bound, never reached
+# Characters of a kept rate's text ("1000/h", "100000/month (pro)"): plan names are at most 24
+# (redislua.E034), so this bound is never reached.
+MAX_RATE_TEXT = 40
 
 
 def overrides_key(tag: str) -> str:
@@ -180,6 +182,10 @@ class PolicyDefinition:
         self.burst: int | None = None
         self.extra = ""  # the script's per-policy "extra" argument, where the algorithm has one
         self._rate_callable: Callable[..., str | None] | None = None
+        # The rates of the plans (REDISLUA["PLANS"]) that name this policy (None: no plan
+        # does): plan name -> rate, or None for unlimited. The request layer decides a request
+        # at its plan's rate, or at the policy's own when its plan does not name it.
+        self.plans: dict[str, str | None] | None = None
         # A calendar policy's timezone: None (the project's TIME_ZONE, read per decision), a
         # tzinfo, or a callable (request) -> zone that the Django layers resolve per request
         # (see in_zone).
@@ -381,8 +387,9 @@ class PolicyDefinition:
 
     @property
     def is_dynamic(self) -> bool:
-        """True when the rate is a callable resolved per request (see :meth:`with_rate`)."""
-        return self._rate_callable is not None
+        """True when the rate is resolved per request (see :meth:`with_rate`): a callable's, or
+        the request's plan's (REDISLUA["PLANS"])."""
+        return self._rate_callable is not None or self.plans is not None
 
     def rate_for(self, *args: Any) -> str | None:
         """Call the rate callable (dynamic policies) or return the fixed rate string."""
@@ -422,6 +429,13 @@ class PolicyDefinition:
     def with_rate(self, rate: str) -> Self:
         """This policy with a concrete rate (cached per rate string); same name, same keys."""
         derived: Self = _derived(self, rate)  # of this policy's own class (see _derived)
+        return derived
+
+    def on_plan(self, plan: str, rate: str) -> Self:
+        """This policy at ``rate``, the rate of the plan ``plan`` (or its own, when the plan
+        does not name it): decided like :meth:`with_rate`, and keeping the rate with the
+        plan's name beside each identity's state, for the admin."""
+        derived: Self = _derived(self, rate, plan)
         return derived
 
     def redis_key(self, identity: str | bytes | int, prefix: str | None = None) -> str:
@@ -555,10 +569,11 @@ def check_cost(policy: PolicyDefinition, cost: int) -> None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _derived(policy: D, rate: str) -> D:
+def _derived(policy: D, rate: str, plan: str = "") -> D:
     derived = type(policy).__new__(type(policy))
     derived.__dict__.update(policy.__dict__)
     derived._rate_callable = None
+    derived.plans = None
     derived.rate_spec = rate
     try:
         derived._set_rate(parse_rate(rate), fixed=False)
@@ -569,8 +584,9 @@ def _derived(policy: D, rate: str) -> D:
         # consumes keeps it beside the identity's state (ratelimit.lua). A fixed-rate policy's
         # with_rate (tests, overrides' set_rate) sends nothing more.
         derived.keeps_rate = True
+        shown = f"{derived.rate} ({plan})" if plan else str(derived.rate)
         derived.rate_record = (f"{derived.code}|{derived.limit}|{derived.param}|{derived.extra}"
-                               f"|{str(derived.rate)[:MAX_RATE_TEXT]}")
+                               f"|{shown[:MAX_RATE_TEXT]}")
         derived._single_call = (-1, None, ())  # its command has one key more (engine._One)
     return derived
 

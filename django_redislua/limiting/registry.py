@@ -28,7 +28,14 @@ def build_policy(name: str, options: Any) -> Policy:
             "redislua.E004", f"policy {name!r} must be a dict of options, not {options!r}"
         )
     known = {k: v for k, v in options.items() if k in POLICY_OPTIONS}
-    return Policy(name, **known)
+    policy = Policy(name, **known)
+    plans = settings.PLANS
+    if isinstance(plans, dict):  # (checks._plans reports a PLANS that is not)
+        named = {plan: rates[name] for plan, rates in plans.items()
+                 if isinstance(rates, dict) and name in rates}
+        if named:
+            policy.plans = named
+    return policy
 
 
 _lock = threading.Lock()
