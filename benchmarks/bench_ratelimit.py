@@ -17,7 +17,7 @@ over TCP to that one server, in this process (section 5 adds worker processes). 
    Contenders: redis-py ``INCR``; the lean floor (``INCR`` by ``send_command`` +
    ``read_response`` on a dedicated connection: the least a Python client can do); ``INCR``
    through our lean channel; a minimal ``TIME`` + ``GET`` + ``SET PX`` script through our lean
-   channel with the same KEYS/ARGV as ours; ``Policy.hit`` for each of our seven algorithms;
+   channel with the same KEYS/ARGV as ours; ``Policy.hit`` for each of our eight algorithms;
    limits (moving window, fixed window, sliding window counter), throttled-py (fixed window,
    sliding window, token bucket, leaking bucket, GCRA), django-ratelimit (``is_ratelimited``)
    and DRF (``UserRateThrottle``) through django-redis.
@@ -78,7 +78,8 @@ HOUR_US = 3_600_000_000
 RATE_ALGORITHMS = ("fixed_window", "sliding_window", "sliding_log", "token_bucket",
                    "leaky_bucket", "gcra")
 O1_ALGORITHMS = tuple(a for a in RATE_ALGORITHMS if a != "sliding_log")
-OURS = (*RATE_ALGORITHMS, "concurrency")
+# A calendar quota (issue 38) has no peer: it is held to the fixed window's allowed path.
+OURS = (*RATE_ALGORITHMS, "calendar", "concurrency")
 RACE_RATE, RACE_LIMIT = "10/m", 10
 THROUGHPUT = ("INCR", "fixed_window", "gcra")
 IDENTITIES = 1000  # per thread, cycled, in the throughput runs
@@ -102,6 +103,7 @@ ALLOWED_MAX = {**dict.fromkeys(O1_ALGORITHMS, 1.00), "sliding_log": 1.10}
 PEER_MAX = 0.85
 DENIED_MAX = 0.25
 SERVER_MAX = 1.25
+CALENDAR_MAX = 1.00
 
 Call = Callable[[str], Any]
 
@@ -760,6 +762,11 @@ def acceptance(report: dict[str, Any]) -> list[dict[str, Any]]:
     for algorithm in RATE_ALGORITHMS:
         add(f"server us {algorithm} x min script", server[algorithm]["x_min_script"], "<=",
             SERVER_MAX)
+    # Issue 38: a calendar quota's allowed path costs no more than a fixed window's.
+    add("allowed calendar x fixed_window", allowed["calendar"]["x_incr"]
+        / allowed["fixed_window"]["x_incr"], "<=", CALENDAR_MAX)
+    add("denied flood calendar x INCR (median)", denied["calendar"]["x_incr"], "<=", DENIED_MAX)
+    add("server us calendar x min script", server["calendar"]["x_min_script"], "<=", SERVER_MAX)
     return lines
 
 

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django_redislua.limiting import clock
 
-__all__ = ["PERIODS", "bounds", "now_us", "period_length", "period_of", "zone_of"]
+__all__ = ["PERIODS", "bounds", "bounds_of", "now_us", "period_length", "period_of", "zone_of"]
 
 PERIODS = ("hour", "day", "week", "month")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -114,6 +114,15 @@ _cached: dict[tuple[str, tzinfo], tuple[int, int, str]] = {}
 _MAX_CACHED = 4096  # periods x zones (a zone per identity: about 600 names exist)
 
 
+def bounds_of(period: str, zone: tzinfo, now_us: int) -> tuple[int, int, str]:
+    """The start and end (us) of the period holding ``now_us``, and :func:`bounds`."""
+    moment = _EPOCH + timedelta(microseconds=now_us)
+    _label, start, end = period_of(moment, period, zone)
+    before = period_of(start - _US, period, zone)[1]
+    after = period_of(end, period, zone)[2]
+    return _us(start), _us(end), f"{_us(before)},{_us(start)},{_us(end)},{_us(after)}"
+
+
 def bounds(period: str, zone: tzinfo, now_us: int) -> str:
     """What a calendar decision sends the script (lib/calendar.lua's ``extra``): the
     boundaries, in microseconds since the epoch, of the period holding ``now_us`` and of the
@@ -123,15 +132,11 @@ def bounds(period: str, zone: tzinfo, now_us: int) -> str:
     hit = _cached.get(key)
     if hit is not None and hit[0] <= now_us < hit[1]:
         return hit[2]
-    moment = _EPOCH + timedelta(microseconds=now_us)
-    _label, start, end = period_of(moment, period, zone)
-    before = period_of(start - _US, period, zone)[1]
-    after = period_of(end, period, zone)[2]
-    text = f"{_us(before)},{_us(start)},{_us(end)},{_us(after)}"
+    found = bounds_of(period, zone, now_us)
     if len(_cached) >= _MAX_CACHED:
         _cached.clear()
-    _cached[key] = (_us(start), _us(end), text)
-    return text
+    _cached[key] = found
+    return found[2]
 
 
 def period_length(period: str, zone: tzinfo, now_us: int) -> int:

@@ -13,6 +13,8 @@ from datetime import tzinfo
 from typing import Any, Self, TypeVar
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from django_redislua import conf
@@ -191,6 +193,8 @@ class PolicyDefinition:
         # (see in_zone).
         self.zone: tzinfo | None = None
         self._zone_callable: Callable[..., object] | None = None
+        # The bounds a decision sent last, for the period they hold: (zone, start, end, text).
+        self._calendar_kept: tuple[tzinfo | None, int, int, str] = (None, 0, 0, "")
         # (settings generation, "<KEY_PREFIX>:<name>:<code>:{", "<KEY_PREFIX>:ov:{"): see
         # redis_key and redis_keys
         self._key_head: tuple[int, str, str] = (-1, "", "")
@@ -312,10 +316,17 @@ class PolicyDefinition:
     def calendar_bounds(self, at_us: int | None = None) -> str:
         """What a decision of this calendar policy sends as its extra: the boundaries of its
         periods around ``at_us`` (a test's time), else around this process's clock
-        (:func:`calendar.bounds`)."""
+        (:func:`calendar.bounds`). Every decision of the policy asks: the answer is kept on
+        the policy for the period it holds (its zone and its start and end)."""
+        now = calendar.now_us() if at_us is None else at_us
+        zone = self.zone if self.zone is not None else self.calendar_zone()
+        kept = self._calendar_kept
+        if kept[0] is zone and kept[1] <= now < kept[2]:
+            return kept[3]
         assert self.rate is not None and self.rate.calendar is not None
-        return calendar.bounds(self.rate.calendar, self.calendar_zone(),
-                               calendar.now_us() if at_us is None else at_us)
+        start, end, text = calendar.bounds_of(self.rate.calendar, zone, now)
+        self._calendar_kept = (zone, start, end, text)
+        return text
 
     @property
     def zone_callable_name(self) -> str:
@@ -478,15 +489,20 @@ class PolicyDefinition:
         return head
 
 
-@functools.cache
-def _zone_named(name: str) -> tzinfo:
-    return zone_of(name)
+_default_zone: list[tzinfo] = []  # the project's TIME_ZONE, read once (until it changes)
 
 
 def default_zone() -> tzinfo:
     """The project's ``TIME_ZONE`` (UTC when unset), where calendar periods are by default."""
-    name = getattr(django_settings, "TIME_ZONE", None) or "UTC"
-    return _zone_named(name)
+    if not _default_zone:
+        _default_zone.append(zone_of(getattr(django_settings, "TIME_ZONE", None) or "UTC"))
+    return _default_zone[0]
+
+
+@receiver(setting_changed)
+def _time_zone_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "TIME_ZONE":
+        _default_zone.clear()
 
 
 @functools.lru_cache(maxsize=4096)
