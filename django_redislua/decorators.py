@@ -25,7 +25,7 @@ from django.views import View
 
 from django_redislua.atransport import arun
 from django_redislua.limiting.decision import PolicyError
-from django_redislua.limiting.definition import CountFailures
+from django_redislua.limiting.options import CountFailures
 from django_redislua.limiting.policy import Policy
 from django_redislua.limiting.registry import broken_in_settings, get_policy
 from django_redislua.request_layer import (

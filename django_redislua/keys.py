@@ -24,8 +24,8 @@ from django.http import HttpRequest
 
 from django_redislua.conf import settings
 from django_redislua.limiting.decision import PolicyError
-from django_redislua.limiting.definition import resolve_callable
 from django_redislua.limiting.identity import ABSENT, ABSENT_TEXT
+from django_redislua.limiting.options import resolve_callable
 from django_redislua.replies import text as as_text
 from django_redislua.reporting import report_unknown_address
 

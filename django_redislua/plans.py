@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from typing import Any
 
 from django.http import HttpRequest
 
 from django_redislua.conf import settings
-from django_redislua.limiting.definition import PolicyDefinition, resolve_callable
+from django_redislua.limiting.definition import PolicyDefinition
 from django_redislua.limiting.errors import PolicyError
+from django_redislua.limiting.options import resolve_callable
+from django_redislua.limiting.registry import build_policy
 from django_redislua.reporting import report_rate_callable
 
-__all__ = ["plan_of", "planned"]
+__all__ = ["plan_of", "plan_problems", "planned"]
 
 _UNSET = object()
 _ATTRIBUTE = "_redislua_plan"  # the request's plan, once its PLAN callable was asked
@@ -81,3 +84,62 @@ def planned(policy: PolicyDefinition, request: HttpRequest) -> PolicyDefinition 
     else:
         rate = str(policy.rate_spec)
     return policy.on_plan(plan or "", rate)
+
+
+_PLAN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,24}")
+
+
+def plan_problems(config: dict[str, Any]) -> list[str]:
+    """What the system check says of ``REDISLUA``'s PLANS and PLAN (redislua.E034): PLANS a
+    dict of plans (names of at most 24 letters, digits, ``_.-``), each a dict of policies of
+    POLICIES to a rate each can take (or None); PLAN a callable or the dotted path of one,
+    given exactly when PLANS is."""
+    plans, spec = config.get("PLANS", {}), config.get("PLAN")
+    if not isinstance(plans, dict):
+        return [f"REDISLUA['PLANS'] must be a dict of plans, not {type(plans).__name__}."]
+    messages: list[str] = []
+    if bool(plans) != (spec is not None):
+        given, missing = ("PLANS", "PLAN") if plans else ("PLAN", "PLANS")
+        messages.append(f"REDISLUA['{given}'] is set but not REDISLUA['{missing}']: no request "
+                        "would be decided on a plan.")
+    if spec is not None:
+        try:
+            resolve_callable(spec, "redislua.E034", "REDISLUA['PLAN']")
+        except PolicyError as exc:
+            messages.append(str(exc))
+    policies = config.get("POLICIES", {})
+    policies = policies if isinstance(policies, dict) else {}
+    for plan, rates in plans.items():
+        if not isinstance(plan, str) or not _PLAN_NAME.fullmatch(plan):
+            messages.append(f"plan name {plan!r:.40} must be 1 to 24 letters, digits, '_', '.' "
+                            "or '-'.")
+        elif not isinstance(rates, dict):
+            messages.append(f"plan {plan!r} must be a dict of policy names to rates, not "
+                            f"{type(rates).__name__}.")
+        else:
+            for name, rate in rates.items():
+                messages += _plan_rate(plan, name, rate, policies)
+    return messages
+
+
+def _plan_rate(plan: str, name: Any, rate: Any, policies: dict[str, Any]) -> list[str]:
+    where = f"plan {plan!r}: policy {name!r:.60}"
+    if name not in policies:
+        return [f"{where} is not in REDISLUA['POLICIES']."]
+    try:
+        policy = build_policy(name, policies[name])
+    except PolicyError:
+        return []  # the policies' own check reports it
+    if policy._rate_callable is not None or policy.algorithm == "concurrency":
+        what = "takes its rate from a callable" if policy._rate_callable else "counts slots"
+        return [f"{where} {what}: a plan gives a rate to a policy with a rate of its own."]
+    if rate is None:
+        return []
+    try:
+        if not isinstance(rate, str):
+            raise PolicyError("redislua.E034", f"a rate is a string such as '1000/month', not "
+                                               f"{type(rate).__name__}")
+        policy.with_rate(rate)
+    except PolicyError as exc:
+        return [f"{where}: {exc}"]
+    return []

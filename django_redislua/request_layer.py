@@ -90,9 +90,8 @@ class Rule:
     def check(self, request: HttpRequest) -> Check | None:
         """The engine check for ``request``, or None when this rule does not apply to it.
 
-        A rate callable's mistake is logged here and decided at the policy's
-        ``fallback_rate``; without one it raises :class:`RateCallableError` (answered 503). A
-        timezone callable's mistake is logged and decided in the project's ``TIME_ZONE``.
+        A rate callable's mistake is logged here and decided at the policy's ``fallback_rate``
+        (without one: :class:`RateCallableError`, a 503); a timezone callable's, in TIME_ZONE.
         """
         if self.methods is not None and request.method not in self.methods:
             return None

@@ -39,7 +39,8 @@ def demo(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
     settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "demo"]
     settings.ROOT_URLCONF = "demo.urls"
-    settings.REDISLUA = {**settings.REDISLUA, "POLICIES": demo_settings.REDISLUA["POLICIES"]}
+    settings.REDISLUA = {**settings.REDISLUA, **{
+        name: demo_settings.REDISLUA[name] for name in ("POLICIES", "PLANS", "PLAN")}}
     settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = settings.REDIS_URL
     loaded = set(sys.modules)
     yield demo_settings
@@ -67,6 +68,22 @@ def test_the_async_view_is_not_spent_by_the_limited_pages_reloads(demo: Any) -> 
     allowed = [client.get("/async/") for _ in range(6)]
     assert [r.status_code for r in allowed] == [200] * 5 + [429]  # its own 5 a minute
     assert allowed[0]["RateLimit-Policy"] == '"async-demo";q=5;w=60'
+
+
+def test_the_quota_endpoints_decide_by_plan_and_show_the_usage(demo: Any) -> None:
+    """The index's API quotas: 50 a month on free, counted from the 1st; the usage reads it."""
+    client = Client()
+    assert 'href="/quota/?plan=free"' in client.get("/").content.decode()
+    free = [client.get("/quota/?plan=free") for _ in range(3)]
+    assert all(r.status_code == 200 for r in free)
+    assert '"quota-monthly";q=50;w=' in free[0]["RateLimit-Policy"]
+    pro = client.get("/quota/?plan=pro")
+    assert pro.status_code == 200 and '"quota-monthly";q=5000;w=' in pro["RateLimit-Policy"]
+    rows = {row["policy"]: row for row in client.get("/quota/usage/?plan=free").json()["usage"]}
+    monthly = rows["quota-monthly"]
+    assert (monthly["used"], monthly["limit"], monthly["plan"]) == (4, 50, "free")
+    assert monthly["period"] == "month" and monthly["timezone"] == "Europe/Paris"
+    assert rows["quota-burst"]["used"] == 4  # one identity (the address) on both plans
 
 
 def test_the_jobs_page_sends_tasks_a_worker_would_limit(demo: Any, r: Any) -> None:

@@ -26,7 +26,7 @@ from rest_framework.views import APIView
 from django_redislua.checks import check_settings
 from django_redislua.decorators import ratelimit
 from django_redislua.drf import PolicyThrottle
-from django_redislua.limiting import clock
+from django_redislua.limiting import clock, get_policy
 from django_redislua.limiting.inspect import scan_keys
 from django_redislua.usage import ausage, usage
 from tests.settings import REDISLUA
@@ -192,14 +192,23 @@ def test_the_usage_endpoint_reads_every_policy_without_consuming(
 
 
 def test_a_timezone_callable_puts_each_customer_in_their_own_day(client: Client) -> None:
-    with override_settings(REDISLUA={**QUOTAS, "POLICIES": {
-            **QUOTAS["POLICIES"], "api-daily": {**POLICIES["api-daily"], "rate": "1/day"}}}):
+    """One daily allowance, each customer's day ending at their own midnight."""
+    daily = {**POLICIES["api-daily"], "rate": "1/day"}
+    resets = {}
+    with override_settings(REDISLUA={**QUOTAS, "POLICIES": {**QUOTAS["POLICIES"],
+                                                            "api-daily": daily}}):
         for zone in ("Asia/Tokyo", "America/Los_Angeles"):
-            rows = {u.policy: u for u in usage(request_with(f"k-{zone}", zone=zone))}
-            assert rows["api-daily"].timezone == zone
-        daily = [u for u in usage(request_with("k", zone="Pacific/Kiritimati"))
-                 if u.policy == "api-daily"][0]
-        assert daily.used == 0
+            request = request_with(f"k-{zone}", zone=zone)
+            assert [u.policy for u in usage(request, ["api-daily"])] == ["api-daily"]
+            policy = get_policy("api-daily").zoned_for(request)
+            assert policy.hit(f"k-{zone}").allowed and not policy.hit(f"k-{zone}").allowed
+            row = usage(request_with(f"k-{zone}", zone=zone), ["api-daily"])[0]
+            assert (row.used, row.timezone) == (1, zone)
+            assert row.reset_at is not None
+            local_reset = row.reset_at.astimezone(ZoneInfo(zone))
+            assert (local_reset.hour, local_reset.minute, local_reset.second) == (0, 0, 0)
+            resets[zone] = row.reset_at
+    assert resets["Asia/Tokyo"] != resets["America/Los_Angeles"]  # two midnights
 
 
 def test_a_plan_callables_mistakes_decide_at_the_policies_own_rates(
@@ -269,8 +278,21 @@ def test_the_quota_settings_pass_the_checks() -> None:
 
 def test_the_admins_policies_table_shows_the_rate_of_each_plan() -> None:
     from django_redislua.admin import _rate_shown
-    from django_redislua.limiting import get_policy
 
     assert _rate_shown(get_policy("api-monthly")) == (
         "free 3/month, pro 6/month, internal unlimited; else 3/month")
     assert _rate_shown(get_policy("api-daily")) == "100/day"
+
+
+def test_a_shadow_quota_is_decided_and_counted_but_never_refuses(client: Client) -> None:
+    from prometheus_client import REGISTRY
+
+    labels = {"policy": "api-monthly", "algorithm": "calendar", "result": "shadow_denied"}
+    before = REGISTRY.get_sample_value("redislua_decisions_total", labels) or 0.0
+    shadow = {**POLICIES["api-monthly"], "mode": "shadow"}
+    with override_settings(REDISLUA={**QUOTAS, "METRICS": ["prometheus"], "POLICIES": {
+            **QUOTAS["POLICIES"], "api-monthly": shadow}}):
+        statuses = [get(client, "/api/items/", "k", "free").status_code for _ in range(5)]
+    assert statuses == [200] * 5  # the burst (5 a minute) allows five; the quota only counts
+    after = REGISTRY.get_sample_value("redislua_decisions_total", labels)
+    assert after == before + 2  # the 4th and 5th would have been refused

@@ -1,4 +1,5 @@
-"""The package's shape, measured: no import cycle, and asyncio code that only drives protocols.
+"""The package's shape, measured: no import cycle, no module over 600 lines, and asyncio code
+that only drives protocols.
 
 Every operation is written once as a protocol (``django_redislua/protocol.py``) and run by one of
 two drivers; what must stay ``async def`` with control flow of its own is the asyncio driver,
@@ -121,6 +122,16 @@ def test_no_import_cycle() -> None:
     found = cycles(imports())
     print(f"\nimport cycles in the package: {len(found)}")
     assert found == []
+
+
+MOST_LINES = 600  # issue 36: a module a reader can hold in mind
+
+
+def test_no_module_is_over_600_lines() -> None:
+    longest = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    over = {name: lines for name, lines in longest.items() if lines > MOST_LINES}
+    print(f"\nlongest module: {max(longest.values())} lines")
+    assert over == {}
 
 
 def test_asyncio_code_only_drives_protocols() -> None:

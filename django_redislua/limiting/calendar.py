@@ -120,13 +120,16 @@ def bounds_of(period: str, zone: tzinfo, now_us: int) -> tuple[int, int, str]:
     _label, start, end = period_of(moment, period, zone)
     before = period_of(start - _US, period, zone)[1]
     after = period_of(end, period, zone)[2]
-    return _us(start), _us(end), f"{_us(before)},{_us(start)},{_us(end)},{_us(after)}"
+    # Whole seconds: a zone's offsets are, so every boundary is.
+    text = ",".join(str(_us(moment) // 1_000_000) for moment in (start, end, before, after))
+    return _us(start), _us(end), text
 
 
 def bounds(period: str, zone: tzinfo, now_us: int) -> str:
     """What a calendar decision sends the script (lib/calendar.lua's ``extra``): the
-    boundaries, in microseconds since the epoch, of the period holding ``now_us`` and of the
-    one before and after it, ``"B0,B1,B2,B3"`` (B1 <= now_us < B2). The script decides in
+    boundaries, in whole seconds since the epoch, of the period holding ``now_us`` and of the
+    one before and after it, ``"B1,B2,B0,B3"`` (B1 <= now_us < B2 start and end the period
+    holding ``now_us``, B0 starts the one before, B3 ends the one after). The script decides in
     the one holding the server's clock."""
     key = (period, zone)
     hit = _cached.get(key)
@@ -142,8 +145,8 @@ def bounds(period: str, zone: tzinfo, now_us: int) -> str:
 def period_length(period: str, zone: tzinfo, now_us: int) -> int:
     """The length in microseconds of the period holding ``now_us`` (a month of 28 to 31 days,
     a day of 23 to 25 hours)."""
-    _before, start, end, _after = bounds(period, zone, now_us).split(",")
-    return int(end) - int(start)
+    start, end, _before, _after = bounds(period, zone, now_us).split(",")
+    return (int(end) - int(start)) * 1_000_000
 
 
 def now_us() -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from collections.abc import Callable, Sequence
 from datetime import tzinfo
 from typing import Any, Self, TypeVar
@@ -15,7 +14,6 @@ from typing import Any, Self, TypeVar
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
-from django.utils.module_loading import import_string
 
 from django_redislua import conf
 from django_redislua.conf import settings
@@ -23,6 +21,14 @@ from django_redislua.limiting import calendar
 from django_redislua.limiting.calendar import zone_of
 from django_redislua.limiting.errors import PolicyError
 from django_redislua.limiting.identity import bound_identity
+from django_redislua.limiting.options import (
+    DOTTED_PATH,
+    CountFailures,
+    count_failures_rule,
+    methods_of,
+    positive_int,
+    resolve_callable,
+)
 from django_redislua.limiting.rates import Rate, RateError, parse_duration, parse_rate
 
 ALGORITHMS = {
@@ -54,15 +60,8 @@ ENFORCE, SHADOW = "enforce", "shadow"
 MODES = (ENFORCE, SHADOW)
 
 RateSpec = str | Callable[..., str | None] | None
-# count_failures: True (4xx), status codes, or a callable (request, response) -> bool (or its
-# dotted path); as a Policy holds it, the statuses or the callable.
-CountFailures = bool | Sequence[int] | Callable[..., Any] | str | None
-FailureRule = frozenset[int] | Callable[..., Any]
-CLIENT_ERROR_STATUSES = frozenset(range(400, 500))
 # The shortest window period count_failures takes (half of it locates a refund's hit).
 MIN_REFUND_PERIOD_US = 1_000_000
-# What a rate callable's dotted path looks like ("myapp.limits.rate_for"), unlike "5 per minute".
-_DOTTED_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 # Integers above 2^53 are not exact in a Lua number (a double): the scripts' bucket arithmetic
 # (capacity times the interval numerator) must stay well below it.
 MAX_EXACT = 2**53
@@ -80,26 +79,6 @@ MAX_RATE_TEXT = 40
 def overrides_key(tag: str) -> str:
     """The override hash of the identity whose hash tag (:func:`bound_identity`) is ``tag``."""
     return f"{settings.KEY_PREFIX}:{OVERRIDES}:{{{tag}}}"
-
-
-def _positive_int(value: object, check_id: str, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PolicyError(check_id, f"{what} must be a whole number of at least 1, not {value!r}")
-    return value
-
-
-def resolve_callable(spec: object, check_id: str, what: str) -> Callable[..., Any]:
-    """A callable, or the callable at a dotted path."""
-    if callable(spec):
-        return spec
-    if isinstance(spec, str):
-        try:
-            target = import_string(spec)
-        except ImportError as exc:
-            raise PolicyError(check_id, f"{what} {spec!r} cannot be imported: {exc}") from exc
-        if callable(target):
-            return target  # type: ignore[no-any-return]
-    raise PolicyError(check_id, f"{what} {spec!r} is not callable")
 
 
 D = TypeVar("D", bound="PolicyDefinition")
@@ -165,8 +144,8 @@ class PolicyDefinition:
         self.algorithm = algorithm
         self.code = ALGORITHMS[algorithm]
         self.key = key
-        self.methods = _methods(name, methods)
-        self.cost = _positive_int(cost, "redislua.E010", f"policy {name!r}: cost")
+        self.methods = methods_of(name, methods)
+        self.cost = positive_int(cost, "redislua.E010", f"policy {name!r}: cost")
         self.block = bool(block)
         if not isinstance(normalize, bool):
             raise PolicyError(
@@ -176,7 +155,7 @@ class PolicyDefinition:
         # Which responses are failures (the Django layers give every other admitted hit back,
         # see limiting/refund.py): statuses, or a callable (request, response) -> bool; None:
         # every request counts.
-        self.count_failures = _count_failures(name, algorithm, count_failures)
+        self.count_failures = count_failures_rule(name, algorithm, count_failures)
         self.fallback_rate: str | None = None
         self.rate_spec: RateSpec = rate
         self.rate: Rate | None = None
@@ -208,7 +187,7 @@ class PolicyDefinition:
                 raise PolicyError(
                     "redislua.E010", f"policy {name!r}: a concurrency policy needs `limit`"
                 )
-            self.limit = _positive_int(limit, "redislua.E010", f"policy {name!r}: limit")
+            self.limit = positive_int(limit, "redislua.E010", f"policy {name!r}: limit")
             if self.cost != 1:
                 raise PolicyError(
                     "redislua.E010", f"policy {name!r}: a concurrency slot costs 1, not {cost}"
@@ -232,7 +211,7 @@ class PolicyDefinition:
                     f"policy {name!r}: `burst` applies to {', '.join(sorted(BUCKET_ALGORITHMS))}, "
                     f"not {algorithm}",
                 )
-            self.burst = _positive_int(burst, "redislua.E007", f"policy {name!r}: burst")
+            self.burst = positive_int(burst, "redislua.E007", f"policy {name!r}: burst")
         if rate is None:
             raise PolicyError("redislua.E006", f"policy {name!r}: `rate` is required, e.g. '10/m'")
         if isinstance(rate, str) and "/" in rate:
@@ -240,7 +219,7 @@ class PolicyDefinition:
                 self._set_rate(parse_rate(rate))
             except RateError as exc:
                 raise PolicyError("redislua.E006", f"policy {name!r}: {exc}") from None
-        elif isinstance(rate, str) and not _DOTTED_PATH.fullmatch(rate):
+        elif isinstance(rate, str) and not DOTTED_PATH.fullmatch(rate):
             raise PolicyError(
                 "redislua.E006",
                 f"policy {name!r}: rate {rate!r} is not a rate (nor the dotted path of a rate "
@@ -294,7 +273,7 @@ class PolicyDefinition:
         if self.algorithm != CALENDAR:
             raise PolicyError("redislua.E033", f"{what} is for calendar policies (algorithm "
                               f"'calendar'); a {self.algorithm} policy counts rolling time")
-        if callable(spec) or (isinstance(spec, str) and _DOTTED_PATH.fullmatch(spec)):
+        if callable(spec) or (isinstance(spec, str) and DOTTED_PATH.fullmatch(spec)):
             self._zone_callable = resolve_callable(spec, "redislua.E033", what)
             return
         try:
@@ -545,32 +524,6 @@ class RateCallableError(PolicyError):
         self.fallback = fallback
 
 
-def _count_failures(name: str, algorithm: str, spec: object) -> FailureRule | None:
-    """The ``count_failures`` option as the Django layers read it (None: off); redislua.E030
-    when it is none of its forms, or on a concurrency policy."""
-    if spec is None or spec is False:
-        return None
-    what = f"policy {name!r}: count_failures"
-    if algorithm == "concurrency":
-        raise PolicyError(
-            "redislua.E030", f"{what} does not apply to a concurrency policy (its slot is "
-            "given back when the response is done, failed or not)")
-    if spec is True:
-        return CLIENT_ERROR_STATUSES
-    if isinstance(spec, list | tuple | set | frozenset):
-        if spec and all(type(s) is int and 100 <= s <= 599 for s in spec):
-            return frozenset(spec)
-        raise PolicyError(
-            "redislua.E030",
-            f"{what} must list HTTP status codes (100-599), such as [401, 403], not {spec!r:.60}")
-    if callable(spec) or (isinstance(spec, str) and _DOTTED_PATH.fullmatch(spec)):
-        return resolve_callable(spec, "redislua.E030", what)
-    raise PolicyError(
-        "redislua.E030",
-        f"{what} must be True (a 4xx response is a failure), a list of status codes such as "
-        f"[401], or a callable (request, response) -> bool or its dotted path, not {spec!r:.60}")
-
-
 def check_cost(policy: PolicyDefinition, cost: int) -> None:
     """A fixed cost above a fixed, non-zero capacity could never be admitted: redislua.E010.
 
@@ -605,23 +558,3 @@ def _derived(policy: D, rate: str, plan: str = "") -> D:
                                f"|{shown[:MAX_RATE_TEXT]}")
         derived._single_call = (-1, None, ())  # its command has one key more (engine._One)
     return derived
-
-
-def _methods(name: str, methods: Sequence[str] | str | None) -> frozenset[str] | None:
-    if methods is None:
-        return None
-    if isinstance(methods, str):
-        methods = [methods]
-    try:
-        result = frozenset(m.upper() for m in methods)
-    except (TypeError, AttributeError):
-        raise PolicyError(
-            "redislua.E011", f"policy {name!r}: methods must be a list of HTTP method names"
-        ) from None
-    if not result or not all(m.isalpha() for m in result):
-        raise PolicyError(
-            "redislua.E011", f"policy {name!r}: methods {sorted(result)!r} are not HTTP methods"
-        )
-    return result
-
-

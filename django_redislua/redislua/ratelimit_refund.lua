@@ -98,9 +98,9 @@ if code == 'fw' then
 elseif code == 'ca' then
   -- The hit's period is the one holding LATEST among the boundaries sent (EXTRA, as a
   -- decision's: lib/calendar.lua); nothing is given back once the stored period is another.
-  local b0, b1, b2, b3 = string.match(extra, '^(%d+),(%d+),(%d+),(%d+)$')
+  local b1, b2, b0, b3 = string.match(extra, '^(%d+),(%d+),(%d+),(%d+)$')
   if not b0 then return 0 end
-  b0, b1, b2, b3 = b0 + 0, b1 + 0, b2 + 0, b3 + 0
+  b0, b1, b2, b3 = b0 * 1000000, b1 * 1000000, b2 * 1000000, b3 * 1000000
   local start
   if latest >= b1 and latest < b2 then start = b1
   elseif latest >= b0 and latest < b1 then start = b0

@@ -74,7 +74,17 @@ REDISLUA = {
                        "methods": ["POST"]},
         # The Celery task demo/tasks.py limits across every worker (the /jobs/ page).
         "partner-api": {"algorithm": "sliding_log", "rate": "5/10s"},
+        # API quotas (demo/quotas.py): a burst limit, and a quota reset on the 1st in Paris.
+        "quota-burst": {"algorithm": "sliding_log", "rate": "10/m", "key": "ip"},
+        "quota-monthly": {"algorithm": "calendar", "rate": "50/month", "key": "ip",
+                          "timezone": "Europe/Paris"},
     },
+    # The rates of each plan (docs/quotas.md); the plan is ?plan= on the quota endpoints.
+    "PLANS": {
+        "free": {"quota-monthly": "50/month"},
+        "pro": {"quota-burst": "100/m", "quota-monthly": "5000/month"},
+    },
+    "PLAN": "demo.quotas.plan_of",
 }
 
 # The worker `manage.py demo` starts beside the server (when Celery is installed): the demo's

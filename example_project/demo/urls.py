@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from demo import api, coordination, jobs, views
+from demo import api, coordination, jobs, quotas, views
 
 urlpatterns = [
     path("", views.index, name="index"),
@@ -17,6 +17,8 @@ urlpatterns = [
     path("flash-sale/", views.flash_sale, name="flash-sale"),
     path("queue/", views.queue, name="queue"),
     path("jobs/", jobs.jobs, name="jobs"),
+    path("quota/", quotas.quota, name="quota"),
+    path("quota/usage/", quotas.quota_usage, name="quota-usage"),
     path("api/", include(api.router.urls)),
     path("admin/", admin.site.urls),
 ]

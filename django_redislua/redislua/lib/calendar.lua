@@ -1,10 +1,12 @@
 -- calendar ("ca"): at most LIMIT per calendar period (an hour, day, week or month of a
 -- timezone), the count reset at the period's boundary on this server's clock.
 -- Params: limit = requests per period; param = the longest the period can be (us, unused
--- here); cost = units to take; extra = "B0,B1,B2,B3", the boundaries (us since the epoch) of
--- three consecutive periods the app computed around its own clock (limiting/calendar.py): the
--- one holding NOW is decided, so a server clock up to a period away from the app's still
--- decides in its own period. A NOW outside all three is an error (clocks a period apart).
+-- here); cost = units to take; extra = "B1,B2,B0,B3", boundaries in whole seconds since the
+-- epoch that the app computed around its own clock (limiting/calendar.py): B1 and B2 start and
+-- end the period holding the app's clock, B0 starts the one before and B3 ends the one after.
+-- The one holding NOW is decided, so a server clock up to a period away from the app's still
+-- decides in its own period; a NOW outside all three is an error (clocks a period apart). The
+-- common case reads B1 and B2 only, at fixed places (ten digits each, 2001-2286).
 -- extra = "" (a peek only: the admin, which does not know an identity's timezone) reads the
 -- stored period, whatever it is, its end being the key's expiry.
 -- Key: the period's start in whole seconds and the count, as the decimal digits of both, 10 + 9
@@ -30,15 +32,25 @@ do
   if extra == '' then
     if stored then start, finish = stored, now + redis.call('PTTL', key) * 1000 end
   else
-    local b0, b1, b2, b3 = string.match(extra, '^(%d+),(%d+),(%d+),(%d+)$')
-    b0, b1, b2, b3 = b0 + 0, b1 + 0, b2 + 0, b3 + 0
-    if now >= b1 and now < b2 then start, finish = b1, b2
-    elseif now >= b0 and now < b1 then start, finish = b0, b1
-    elseif now >= b2 and now < b3 then start, finish = b2, b3
+    local fixed, b1, b2, b0, b3 = #extra == 43, nil, nil, nil, nil
+    if fixed then
+      b1, b2 = string.sub(extra, 1, 10) * 1000000, string.sub(extra, 12, 21) * 1000000
     else
-      error(redis.error_reply(string.format(
-        'ERR redislua: the server clock (%.0f us) is more than a calendar period away from '
-        .. "the app's (%.0f..%.0f)", now, b0, b3)))
+      b1, b2, b0, b3 = string.match(extra, '^(%d+),(%d+),(%d+),(%d+)$')
+      b1, b2 = b1 * 1000000, b2 * 1000000
+    end
+    if now >= b1 and now < b2 then
+      start, finish = b1, b2
+    else
+      if fixed then b0, b3 = string.sub(extra, 23, 32), string.sub(extra, 34, 43) end
+      b0, b3 = b0 * 1000000, b3 * 1000000
+      if now >= b0 and now < b1 then start, finish = b0, b1
+      elseif now >= b2 and now < b3 then start, finish = b2, b3
+      else
+        error(redis.error_reply(string.format(
+          'ERR redislua: the server clock (%.0f us) is more than a calendar period away from '
+          .. "the app's (%.0f..%.0f)", now, b0, b3)))
+      end
     end
     if stored and stored > start then
       start, finish = stored, now + math.max(redis.call('PTTL', key), 1) * 1000
