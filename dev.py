@@ -113,14 +113,16 @@ def cores() -> int:
 
 
 def workers(env: dict[str, str]) -> tuple[str, ...]:
-    """pytest-xdist's arguments: a worker per core, each on a server of its own (tests/settings.py
-    starts one per worker), each running whole modules (a module's servers and its cpu_load
-    are set up once). Most tests wait on Redis, on processes or on time, so two workers on two
-    cores take the suite from about 16 minutes to about 9. None with REDIS_URL set: that names
-    one server, which workers cannot share (tests/conftest.py says so), nor on one core."""
+    """pytest-xdist's arguments: two workers per core, each on a server of its own
+    (tests/settings.py starts one per worker), each running whole modules (a module's servers
+    and its cpu_load are set up once). Most tests wait on Redis, on processes or on time: on
+    two cores, two workers take the suite from about 16 minutes to about 9, four to about 7,
+    with the CPU then busy (user + sys 1.9 of the 2 cores; docs/testing.md has the runs). Every
+    test holds on a loaded machine, so workers sharing a core change no outcome. None with REDIS_URL set: that names one server, which
+    workers cannot share (tests/conftest.py says so), nor on one core."""
     if env.get("REDIS_URL") or cores() < 2:
         return ()
-    return ("-n", str(cores()), "--dist", "loadfile")
+    return ("-n", str(2 * cores()), "--dist", "loadfile")
 
 
 def quick(argv: list[str]) -> int:

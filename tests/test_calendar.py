@@ -26,7 +26,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from django_redislua import overrides
-from django_redislua.limiting import calendar, clock, denials, engine
+from django_redislua.limiting import clock, denials, engine
 from django_redislua.limiting.calendar import period_of
 from django_redislua.limiting.policy import Policy
 from django_redislua.limiting.refund import give_back, refunds_of
@@ -218,7 +218,8 @@ def test_a_server_clock_a_period_away_is_an_error_not_a_wrong_period(
         monkeypatch: pytest.MonkeyPatch) -> None:
     quota = Policy("q", rate="5/h", algorithm="calendar")
     # This process's clock two days behind the server's: the hours it sends miss the server's.
-    monkeypatch.setattr(calendar, "now_us", lambda: time.time_ns() // 1000 - 48 * HOUR)
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() - 48 * HOUR * 1000)
     with pytest.raises(redis.ResponseError, match="more than a calendar period away"):
         quota.hit("u")
     monkeypatch.undo()
@@ -245,3 +246,18 @@ def test_the_algorithm_pages_month_in_paris() -> None:
     refused = engine.decide(quota, "u", 1, now_us=at(PARIS, 2026, 11, 30, 23, 59, 59))
     assert not refused.allowed and refused.retry_after == 1.0
     assert engine.decide(quota, "u", 1, now_us=at(PARIS, 2026, 12, 1)).allowed
+
+
+def test_a_clock_gone_back_into_the_last_period_keeps_counting_the_new_one() -> None:
+    """A failover to a replica whose clock is behind: the hour already opened goes on counting
+    (never a fresh hour), and its reset is still that hour's end."""
+    quota = Policy("q", rate="3/h", algorithm="calendar", timezone="UTC")
+    opened = at(ZoneInfo("UTC"), 2026, 12, 1, 10, 10)  # 10:10, in the 10:00 hour
+    assert engine.decide(quota, "u", 2, now_us=opened).remaining == 1
+    behind = opened - 20 * 60 * US  # 09:50 on the other server: the 09:00 hour
+    decision = engine.decide(quota, "u", 1, now_us=behind)
+    assert decision.allowed and decision.remaining == 0  # the 10:00 hour's count goes on
+    assert not engine.decide(quota, "u", 1, now_us=behind).allowed
+    # Its reset is the 10:00 hour's end, read from the key's expiry (set at 10:10: 50 minutes).
+    assert 50 * 60 - 5 <= decision.reset_after <= 50 * 60
+    assert engine.decide(quota, "u", 1, now_us=opened + 50 * 60 * US).allowed  # 11:00

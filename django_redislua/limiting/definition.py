@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Callable, Sequence
 from datetime import tzinfo
 from typing import Any, Self, TypeVar
@@ -17,7 +18,7 @@ from django.dispatch import receiver
 
 from django_redislua import conf
 from django_redislua.conf import settings
-from django_redislua.limiting import calendar
+from django_redislua.limiting import calendar, clock
 from django_redislua.limiting.calendar import zone_of
 from django_redislua.limiting.errors import PolicyError
 from django_redislua.limiting.identity import bound_identity
@@ -297,10 +298,14 @@ class PolicyDefinition:
         periods around ``at_us`` (a test's time), else around this process's clock
         (:func:`calendar.bounds`). Every decision of the policy asks: the answer is kept on
         the policy for the period it holds (its zone and its start and end)."""
-        now = calendar.now_us() if at_us is None else at_us
-        zone = self.zone if self.zone is not None else self.calendar_zone()
+        # Inline: every decision of the policy runs this (calendar.now_us, calendar_zone).
+        now = time.time_ns() // 1000 + clock.shift_us if at_us is None else at_us
+        zone = self.zone
+        if zone is None:
+            zone = _default_zone[0] if _default_zone and self._zone_callable is None else (
+                self.calendar_zone())
         kept = self._calendar_kept
-        if kept[0] is zone and kept[1] <= now < kept[2]:
+        if kept[1] <= now < kept[2] and kept[0] is zone:
             return kept[3]
         assert self.rate is not None and self.rate.calendar is not None
         start, end, text = calendar.bounds_of(self.rate.calendar, zone, now)
