@@ -97,7 +97,6 @@ def _extra(policy: PolicyDefinition, now_us: int | None) -> Any:
     return policy.extra
 
 
-
 def _lease_given_back(failure: BaseException, key: str, lease: str,
                       policy: PolicyDefinition) -> Protocol[None]:
     """A concurrency hit whose reply never came may hold a slot nobody will release: it is
