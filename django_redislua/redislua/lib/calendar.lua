@@ -30,7 +30,7 @@ do
     end
   end
   if extra == '' then
-    if stored then start, finish = stored, now + redis.call('PTTL', key) * 1000 end
+    if stored then start, finish = stored, now + math.max(redis.call('PTTL', key), 1) * 1000 end
   else
     local fixed, b1, b2, b0, b3 = #extra == 43, nil, nil, nil, nil
     if fixed then
