@@ -134,7 +134,9 @@ def test_a_denied_quota_says_when_it_resets_in_its_headers_and_problem_body(
     to_reset = (first - now).total_seconds()
     month_days = (first - datetime(now.year, now.month, 1, tzinfo=PARIS)).total_seconds()
     policy = allowed["RateLimit-Policy"]
-    assert f'"api-monthly";q=3;w={round(month_days)}' in policy  # this month's length
+    # As docs/quotas.md shows it: the decorators' order, the month's length as its window.
+    assert policy == f'"api-burst";q=5;w=60, "api-monthly";q=3;w={round(month_days)}'
+    assert allowed["RateLimit"].startswith('"api-burst";r=2;t=60, "api-monthly";r=0;t=')
     t = int(allowed["RateLimit"].split('"api-monthly";r=0;t=')[1].split(",")[0])
     assert abs(t - to_reset) <= 2  # the seconds to the 1st, midnight in Paris
     denied = get(client, "/api/items/", "k", "free")
