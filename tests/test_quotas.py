@@ -244,6 +244,11 @@ def test_the_admin_shows_each_identitys_plan_and_quota_use(client: Client) -> No
     assert (acme.kept_rate, acme.limit, acme.remaining) == ("6/month (pro)", 6, 4)
     assert (zed.kept_rate, zed.limit, zed.remaining) == ("3/month (free)", 3, 2)
     assert 0 < acme.reset_after <= 31 * 86400
+    # Its state read as fields, the period's start an instant the admin shows as one.
+    fields = dict(acme.fields)
+    assert fields["count"] == "2"
+    start = datetime.fromtimestamp(int(fields["period start"]) / 1e6, PARIS)
+    assert (start.day, start.hour, start.minute) == (1, 0, 0)
 
 
 def test_the_pytest_plugins_clock_starts_next_month(client: Client) -> None:

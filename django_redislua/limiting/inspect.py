@@ -426,6 +426,13 @@ def unpack_state(code: str, value: bytes) -> list[tuple[str, str]] | None:
         last = int.from_bytes(value[-LOG_ENTRY:], "little")
         result = [("entries", str(len(value) // LOG_ENTRY)), ("oldest", str(first))]
         return [*result, ("newest", str(last))] if len(value) > LOG_ENTRY else result
+    if code == "ca":  # the period's start in seconds and the count (lib/calendar.lua)
+        text = value.decode("ascii", "replace")
+        start, count = (text[:10], text[10:]) if len(text) == 19 and text.isdigit() else (
+            text.partition(":")[::2])
+        if not (start.isdigit() and count.isdigit()):
+            return None
+        return [("period start", str(int(start) * 1_000_000)), ("count", str(int(count)))]
     layout = PACKED.get(code)
     if layout is None:
         return None
