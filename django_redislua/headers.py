@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 
 from django_redislua.conf import settings
-from django_redislua.limiting.calendar import now_us, period_length
+from django_redislua.limiting.calendar import period_seconds
 from django_redislua.limiting.decision import Decision
 from django_redislua.limiting.definition import CALENDAR, WINDOW_ALGORITHMS
 
@@ -43,8 +43,7 @@ def window_seconds(decision: Decision) -> int | None:
     if policy.rate.calendar is not None and policy.algorithm == CALENDAR:
         # A calendar quota's window is its period now: a month of 28 to 31 days, a day of 23
         # to 25 hours across a DST change.
-        return max(1, math.ceil(period_length(
-            policy.rate.calendar, policy.calendar_zone(), now_us()) / 1_000_000))
+        return max(1, period_seconds(policy.calendar_bounds()))
     if policy.algorithm in WINDOW_ALGORITHMS:
         return max(1, math.ceil(policy.rate.period))
     # Buckets: the time an empty bucket takes to refill to its capacity.

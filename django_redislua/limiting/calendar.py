@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django_redislua.limiting import clock
 
-__all__ = ["PERIODS", "bounds", "bounds_of", "now_us", "period_length", "period_of", "zone_of"]
+__all__ = ["PERIODS", "bounds", "bounds_of", "now_us", "period_of", "period_seconds", "zone_of"]
 
 PERIODS = ("hour", "day", "week", "month")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -108,12 +108,6 @@ def _us(moment: datetime) -> int:
     return (moment - _EPOCH) // _US
 
 
-# (period, zone) -> (start, end) of the period last computed, and what bounds() sends for it:
-# every decision of a calendar policy reads it, a period's arithmetic runs once per period.
-_cached: dict[tuple[str, tzinfo], tuple[int, int, str]] = {}
-_MAX_CACHED = 4096  # periods x zones (a zone per identity: about 600 names exist)
-
-
 def bounds_of(period: str, zone: tzinfo, now_us: int) -> tuple[int, int, str]:
     """The start and end (us) of the period holding ``now_us``, and :func:`bounds`."""
     moment = _EPOCH + timedelta(microseconds=now_us)
@@ -130,27 +124,19 @@ def bounds(period: str, zone: tzinfo, now_us: int) -> str:
     boundaries, in whole seconds since the epoch, of the period holding ``now_us`` and of the
     one before and after it, ``"B1,B2,B0,B3"`` (B1 <= now_us < B2 start and end the period
     holding ``now_us``, B0 starts the one before, B3 ends the one after). The script decides in
-    the one holding the server's clock."""
-    key = (period, zone)
-    hit = _cached.get(key)
-    if hit is not None and hit[0] <= now_us < hit[1]:
-        return hit[2]
-    found = bounds_of(period, zone, now_us)
-    if len(_cached) >= _MAX_CACHED:
-        _cached.clear()
-    _cached[key] = found
-    return found[2]
+    the one holding the server's clock. Not cached: a policy keeps what its decisions send
+    (``PolicyDefinition.calendar_bounds``)."""
+    return bounds_of(period, zone, now_us)[2]
 
 
-def period_length(period: str, zone: tzinfo, now_us: int) -> int:
-    """The length in microseconds of the period holding ``now_us`` (a month of 28 to 31 days,
-    a day of 23 to 25 hours)."""
-    start, end, _before, _after = bounds(period, zone, now_us).split(",")
-    return (int(end) - int(start)) * 1_000_000
+def period_seconds(bounds_text: str) -> int:
+    """The length in seconds of the period :func:`bounds` holds (a month of 28 to 31 days, a
+    day of 23 to 25 hours)."""
+    start, end, _before, _after = bounds_text.split(",")
+    return int(end) - int(start)
 
 
 def now_us() -> int:
     """This process's estimate of the decisions' clock: its own, as far ahead as the pytest
     plugin moved the decisions' clock (:mod:`clock`)."""
     return _time.time_ns() // 1000 + clock.shift_us
-

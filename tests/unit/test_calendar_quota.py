@@ -1,5 +1,6 @@
 """Calendar quotas without Redis: the rates they take, the policy's checks, and what a decision
-sends the script (``limiting.calendar.bounds``) around DST changes, month ends and a year's end.
+sends the script (``PolicyDefinition.calendar_bounds``) around DST changes, month ends and a
+year's end.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.test import override_settings
 
-from django_redislua.limiting.calendar import bounds, period_length, period_of
+from django_redislua.limiting.calendar import bounds, period_of, period_seconds
 from django_redislua.limiting.definition import ZoneCallableError
 from django_redislua.limiting.errors import PolicyError
 from django_redislua.limiting.policy import Policy
@@ -125,7 +126,7 @@ def test_bounds_are_the_periods_around_now() -> None:
                                 local(PARIS, 2026, 12, 1), local(PARIS, 2027, 1, 1))
     # October has 31 days and a DST change: 31 days and an hour, in microseconds.
     assert b1 - b0 == 31 * DAY + 3_600_000_000
-    assert period_length("month", PARIS, now) == 30 * DAY
+    assert period_seconds(bounds("month", PARIS, now)) * 1_000_000 == 30 * DAY
 
 
 @pytest.mark.parametrize(("zone", "day", "hours"), [
@@ -135,19 +136,21 @@ def test_bounds_are_the_periods_around_now() -> None:
 def test_a_day_on_a_dst_change_is_23_or_25_hours(zone: ZoneInfo, day: tuple[int, int, int],
                                                  hours: int) -> None:
     noon = local(zone, *day, 12)
-    assert period_length("day", zone, noon) == hours * 3_600_000_000
+    assert period_seconds(bounds("day", zone, noon)) * 1_000_000 == hours * 3_600_000_000
     b1, b2, _b0, _b3 = (int(b) * 1_000_000 for b in bounds("day", zone, noon).split(","))
     assert (b1, b2) == (local(zone, *day), local(zone, *day) + hours * 3_600_000_000)
 
 
 def test_bounds_at_each_instant_of_a_boundary_are_the_periods_holding_it() -> None:
     """Every microsecond around a month's end and a year's end, in both zones: B1 <= now < B2,
-    and B2 is where the next period starts (the cache never answers for a period it left)."""
+    and B2 is where the next period starts (what the policy keeps never answers for a period it
+    left)."""
     for zone in (PARIS, NEW_YORK):
+        policy = Policy("quota", rate="5/month", algorithm="calendar", timezone=zone)
         for fields in ((2026, 2, 1), (2026, 3, 1), (2027, 1, 1), (2028, 3, 1)):
             edge = local(zone, *fields)
             for now in (edge - 1, edge, edge + 1, edge - 1, edge):
-                text = bounds("month", zone, now)
+                text = policy.calendar_bounds(now)
                 assert len(text) == 43  # ten digits each: read at fixed places
                 b1, b2, b0, b3 = (int(b) * 1_000_000 for b in text.split(","))
                 moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=now)
