@@ -2,8 +2,7 @@
 
 ``limit_key`` is also where the time just before each admission is noted: the key is asked
 for right before the policies decide, so "at most 3 starts in any 2 s" is checked between
-bounds no scheduling delay can break (as the Celery test does with ``before_start``). The
-``singleton`` callable counts the runs that asked for the lock, the same way.
+bounds no scheduling delay can break (as the Celery test does with ``before_start``).
 """
 
 from __future__ import annotations
@@ -30,18 +29,17 @@ def call_partner(n: int) -> int:
     return n
 
 
-def lock_asked(n: int, calls: int) -> str:
-    get_client().incr("jobs:tasks-lock-asked")
-    return "tasks-nightly"
-
-
-@limited_task(singleton=lock_asked, singleton_timeout="10s")
+@limited_task(singleton=True, singleton_timeout="10s")
 def nightly(n: int, calls: int) -> int:
-    """Holds its singleton until every one of ``calls`` runs has asked for it (at most 30 s):
-    then each other one was turned away while this one held it."""
+    """Holds its singleton until every other one of ``calls`` runs has finished (at most 30 s):
+    each was turned away while this one held it, and described it (who holds the lock is read
+    after the refusal, so a holder gone by then would be "its lease has just ended")."""
+    from django_tasks_db.models import DBTaskResult
+
     note("tasks-nightly", n, os.getpid())
+    others = DBTaskResult.objects.filter(task_path__endswith=".nightly").finished()
     deadline = time.monotonic() + 30
-    while int(get_client().get("jobs:tasks-lock-asked") or 0) < calls:
+    while others.count() < calls - 1:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     return n
