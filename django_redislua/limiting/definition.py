@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
-import time
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import tzinfo
 from typing import Any, Self, TypeVar
@@ -18,7 +18,7 @@ from django.dispatch import receiver
 
 from django_redislua import conf
 from django_redislua.conf import settings
-from django_redislua.limiting import calendar, clock
+from django_redislua.limiting import calendar
 from django_redislua.limiting.calendar import zone_of
 from django_redislua.limiting.errors import PolicyError
 from django_redislua.limiting.identity import bound_identity
@@ -173,8 +173,10 @@ class PolicyDefinition:
         # (see in_zone).
         self.zone: tzinfo | None = None
         self._zone_callable: Callable[..., object] | None = None
-        # The bounds a decision sent last, for the period they hold: (zone, start, end, text).
-        self._calendar_kept: tuple[tzinfo | None, int, int, str] = (None, 0, 0, "")
+        # The bounds a decision sent last, for the period they hold: (start, end, text). A
+        # policy whose rate or zone differs is another object, with nothing kept (_derived,
+        # _zoned); one in the project's TIME_ZONE forgets them when that changes.
+        self._calendar_kept: tuple[int, int, str] = NOTHING_KEPT
         # (settings generation, "<KEY_PREFIX>:<name>:<code>:{", "<KEY_PREFIX>:ov:{"): see
         # redis_key and redis_keys
         self._key_head: tuple[int, str, str] = (-1, "", "")
@@ -295,21 +297,19 @@ class PolicyDefinition:
 
     def calendar_bounds(self, at_us: int | None = None) -> str:
         """What a decision of this calendar policy sends as its extra: the boundaries of its
-        periods around ``at_us`` (a test's time), else around this process's clock
-        (:func:`calendar.bounds`). Every decision of the policy asks: the answer is kept on
-        the policy for the period it holds (its zone and its start and end)."""
-        # Inline: every decision of the policy runs this (calendar.now_us, calendar_zone).
-        now = time.time_ns() // 1000 + clock.shift_us if at_us is None else at_us
-        zone = self.zone
-        if zone is None:
-            zone = _default_zone[0] if _default_zone and self._zone_callable is None else (
-                self.calendar_zone())
+        periods around ``at_us`` (the decision's clock reading, or a test's time), else around
+        this process's clock (:func:`calendar.bounds`). Every decision of the policy asks: the
+        answer is kept on the policy for the period it holds (``engine._One`` reads it inline)."""
+        now = calendar.now_us() if at_us is None else at_us
         kept = self._calendar_kept
-        if kept[1] <= now < kept[2] and kept[0] is zone:
-            return kept[3]
+        if kept[0] <= now < kept[1]:
+            return kept[2]
         assert self.rate is not None and self.rate.calendar is not None
+        zone = self.calendar_zone()
         start, end, text = calendar.bounds_of(self.rate.calendar, zone, now)
-        self._calendar_kept = (zone, start, end, text)
+        if self.zone is None:
+            _in_default_zone.add(self)
+        self._calendar_kept = (start, end, text)
         return text
 
     @property
@@ -474,6 +474,9 @@ class PolicyDefinition:
 
 
 _default_zone: list[tzinfo] = []  # the project's TIME_ZONE, read once (until it changes)
+# Calendar policies that kept periods of the project's TIME_ZONE: they forget them when it changes.
+_in_default_zone: weakref.WeakSet[PolicyDefinition] = weakref.WeakSet()
+NOTHING_KEPT = (0, 0, "")
 
 
 def default_zone() -> tzinfo:
@@ -487,6 +490,8 @@ def default_zone() -> tzinfo:
 def _time_zone_changed(*, setting: str, **kwargs: Any) -> None:
     if setting == "TIME_ZONE":
         _default_zone.clear()
+        for policy in list(_in_default_zone):
+            policy._calendar_kept = NOTHING_KEPT
 
 
 @functools.lru_cache(maxsize=4096)
@@ -495,6 +500,7 @@ def _zoned(policy: D, zone: tzinfo | None) -> D:
     zoned.__dict__.update(policy.__dict__)
     zoned._zone_callable = None
     zoned.zone = zone
+    zoned._calendar_kept = NOTHING_KEPT
     return zoned
 
 
@@ -547,6 +553,7 @@ def _derived(policy: D, rate: str, plan: str = "") -> D:
     derived = type(policy).__new__(type(policy))
     derived.__dict__.update(policy.__dict__)
     derived._rate_callable = None
+    derived._calendar_kept = NOTHING_KEPT  # its rate may count another period
     derived.plans = None
     derived.rate_spec = rate
     try:

@@ -47,8 +47,8 @@ MAX_ENTRIES = 10_000
 
 # state key -> (cost, sent, answer until, lifted at, remaining, reset at, the policy's
 # parameters), times in integer microseconds on the clock of the request that was denied (see
-# clock()): a request on another clock (a test's or a DRF timer's injected time against the
-# monotonic clock) falls outside [sent, until) and asks Redis. The parameters (limit, param,
+# clock()): a request on another clock (a test's or a DRF timer's injected time against this
+# process's) falls outside [sent, until) and asks Redis. The parameters (limit, param,
 # extra) tie a denial to the rate that made it: a rate changed since (settings, a rate
 # callable) asks Redis again. Last, the live override that denied (decision.BLOCK or RATE), if
 # one did, and the limit the denial was decided with (a changed rate's, or the policy's).
@@ -113,10 +113,16 @@ def forget(key: str | None = None) -> None:
 
 
 def clock(now_us: int | None) -> int:
-    """The cache's clock in microseconds: the local monotonic clock (moved as far ahead as
-    the decisions' clock, see :mod:`clock`), or a test's injected server time."""
+    """The cache's clock in microseconds: this process's wall clock (moved as far ahead as the
+    decisions' clock, see :mod:`clock`), or a test's injected server time.
+
+    The wall clock, not the monotonic one: a denial lasts until a moment on the server's
+    clock, which a suspended machine's monotonic clock would place too late (it stops while
+    suspended). A step of the wall clock cannot stretch a local answer: an entry answers only
+    inside [sent, sent + 1 s), so a step back or forward past it asks Redis again. A calendar
+    quota's decision reads its period from this same reading (one clock read a decision)."""
     if now_us is None:
-        return time.monotonic_ns() // 1000 + decision_clock.shift_us
+        return time.time_ns() // 1000 + decision_clock.shift_us
     return now_us
 
 

@@ -84,11 +84,11 @@ def _denied(policy: PolicyDefinition, identity: str | bytes | int) -> Decision:
     return Decision(False, policy.limit, policy.limit, 0.0, NEVER, policy, identity)
 
 
-def _extra(policy: PolicyDefinition, now_us: int | None) -> Any:
+def _extra(policy: PolicyDefinition, now_us: int) -> Any:
     """The script's per-policy "extra" argument: a fresh id for a concurrency lease, the
-    boundaries of the calendar periods around now (``now_us``, a test's time, or this
-    process's clock as far ahead as the decisions' clock), the bucket's interval denominator,
-    or "" (the window algorithms)."""
+    boundaries of the calendar periods around ``now_us`` (the decision's reading of
+    :func:`denials.clock`: a test's time, or this process's clock as far ahead as the
+    decisions' clock), the bucket's interval denominator, or "" (the window algorithms)."""
     code = policy.code
     if code == "cc":
         return _nonce()
@@ -135,13 +135,21 @@ class _One:
             return
         key, overrides = policy.redis_keys(identity)
         self.key = key
-        self.sent = denials.clock(now_us)
+        self.sent = sent = denials.clock(now_us)
         if not peek:
-            known = denials.answer(key, cost, self.sent, policy, identity)
+            known = denials.answer(key, cost, sent, policy, identity)
             if known is not None:
                 self.decided = self._metered(known)
                 return
-        self.extra = extra = _extra(policy, now_us)
+        # _extra inline: a calendar quota's period kept on the policy costs a fixed window's
+        # attribute read (issue 38: its allowed path no slower than a fixed window's).
+        code = policy.code
+        if code == "ca":
+            kept = policy._calendar_kept
+            extra = kept[2] if kept[0] <= sent < kept[1] else policy.calendar_bounds(sent)
+        else:
+            extra = _nonce() if code == "cc" else policy.extra
+        self.extra = extra
         call = policy._single_call
         if call[0] != conf.generation:
             call = _single_call(policy)
@@ -296,7 +304,7 @@ class _Plan:
             for i, j in enumerate(group, 1):
                 policy, _identity, cost, gate, key = unique[j]
                 keys.append(key)
-                self.extras[j] = _extra(policy, now_us)
+                self.extras[j] = _extra(policy, self.sent)
                 args += (policy.code, policy.limit, policy.param, cost, self.extras[j],
                          "1" if gate else "0", policy.name)
                 if policy.keeps_rate and not peek:

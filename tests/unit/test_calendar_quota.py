@@ -157,3 +157,25 @@ def test_bounds_at_each_instant_of_a_boundary_are_the_periods_holding_it() -> No
                 _label, start, end = period_of(moment, "month", zone)
                 assert (b1, b2) == (us(start), us(end)), (zone, fields, now)
                 assert b0 < b1 <= now < b2 < b3
+
+
+def test_a_policy_at_another_rate_or_zone_sends_its_own_periods() -> None:
+    """What a policy keeps is never what a copy at another rate (a rate callable's, a plan's)
+    or in another zone (a timezone callable's) sends: each counts its own periods."""
+    now = local(PARIS, 2026, 11, 28, 14, 30)
+    daily = Policy("quota", rate="100/day", algorithm="calendar", timezone=PARIS)
+    assert daily.calendar_bounds(now) == bounds("day", PARIS, now)
+    assert daily.with_rate("5/month").calendar_bounds(now) == bounds("month", PARIS, now)
+    assert daily.on_plan("pro", "1/h").calendar_bounds(now) == bounds("hour", PARIS, now)
+    assert daily.in_zone(NEW_YORK).calendar_bounds(now) == bounds("day", NEW_YORK, now)
+    assert daily.calendar_bounds(now) == bounds("day", PARIS, now)
+
+
+def test_periods_kept_in_the_projects_timezone_follow_it() -> None:
+    now = local(PARIS, 2026, 11, 28, 3)  # Nov 27 in New York
+    with override_settings(TIME_ZONE="Europe/Paris"):
+        daily = Policy("quota", rate="100/day", algorithm="calendar")
+        assert daily.calendar_bounds(now) == bounds("day", PARIS, now)
+        with override_settings(TIME_ZONE="America/New_York"):
+            assert daily.calendar_bounds(now) == bounds("day", NEW_YORK, now)
+        assert daily.calendar_bounds(now) == bounds("day", PARIS, now)
