@@ -7,7 +7,7 @@
                           # sdist, twine-checked; the lost-reply tests run with every core busy)
     python3 dev.py test --fast  # the quick loop: ruff, the unit tier (no Redis), then the
                           # engine, scripts, locks, recipes and Django layers on one server
-    python3 dev.py bench  # make .venv, install the peers too, run both benchmarks
+    python3 dev.py bench  # make .venv, install the peers too, run the benchmarks
     python3 dev.py matrix # on each other supported Django / Python / redis-py combination, the
                           # part of the suite its difference reaches, installed with the
                           # test-fast extra (what CI runs after `test`; tox runs the whole suite)
@@ -147,6 +147,7 @@ def quick(argv: list[str]) -> int:
 def bench(argv: list[str]) -> int:
     ensure_env("dev,bench")
     status = run(PYTHON, "benchmarks/bench_ratelimit.py", *argv)
+    status = status or run(PYTHON, "benchmarks/bench_calendar.py")
     status = status or run(PYTHON, "benchmarks/bench_locks.py")
     return status or run(PYTHON, "benchmarks/bench_memory.py")
 

@@ -103,7 +103,9 @@ ALLOWED_MAX = {**dict.fromkeys(O1_ALGORITHMS, 1.00), "sliding_log": 1.10}
 PEER_MAX = 0.85
 DENIED_MAX = 0.25
 SERVER_MAX = 1.25
-CALENDAR_MAX = 1.00
+# A calendar quota's allowed path: a fixed window's, within 1% (less than the spread of one
+# contender's own blocks; benchmarks/bench_calendar.py measures the difference alone).
+CALENDAR_MAX = 1.01
 
 Call = Callable[[str], Any]
 

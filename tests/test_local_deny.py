@@ -799,7 +799,7 @@ async def test_an_async_flood_is_answered_locally(recorder: CommandRecorder) -> 
     assert not redis_says.allowed
 
 
-# -- two clocks: a denial on injected time never answers a request on the local clock ----------
+# -- two clocks: a denial on injected time never outlives its wait on the local clock ----------
 
 
 def test_a_denial_on_an_injected_wall_clock_does_not_outlive_its_wait() -> None:
@@ -816,6 +816,21 @@ def test_a_denial_on_an_injected_wall_clock_does_not_outlive_its_wait() -> None:
     assert hit(policy, "v").local
     assert not hit(policy, "v", now=wall).local
     assert not hit(policy, "v", now=1_000_000_000).local  # a test's small frozen clock
+
+
+@pytest.mark.parametrize("step_s", [-10, -1, 1, 3600])
+def test_a_step_of_the_wall_clock_never_stretches_a_local_answer(
+        step_s: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache's clock is this process's wall clock (a suspended machine's monotonic clock
+    would stop): stepped back or forward past its 1 s, an entry asks Redis again."""
+    policy = Policy("stepped", rate="1/m")
+    assert hit(policy, "u").allowed
+    assert not hit(policy, "u").allowed
+    assert hit(policy, "u").local
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() + round(step_s * 1e9))
+    asked = hit(policy, "u")
+    assert not asked.local and not asked.allowed  # Redis's clock did not step: still denied
 
 
 def drf_view(throttle: type[Any]) -> Any:
