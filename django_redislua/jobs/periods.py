@@ -20,10 +20,9 @@ from datetime import UTC, datetime, timezone, tzinfo
 from typing import Any, ParamSpec, TypeVar
 from zoneinfo import ZoneInfo
 
-from django.conf import settings as django_settings
-
 from django_redislua.limiting import clock
 from django_redislua.limiting.calendar import PERIODS, period_of
+from django_redislua.limiting.definition import default_zone
 from django_redislua.limiting.rates import parse_duration
 from django_redislua.locks.once import RunOutcome, run_once
 from django_redislua.protocol import Execute, Protocol
@@ -36,7 +35,7 @@ R = TypeVar("R")
 
 def _zone(tz: str | tzinfo | None) -> tzinfo:
     if tz is None:
-        tz = getattr(django_settings, "TIME_ZONE", None) or "UTC"
+        return default_zone()  # the project's, as a calendar quota's
     if isinstance(tz, str):
         return ZoneInfo(tz)
     if not isinstance(tz, ZoneInfo | timezone):

@@ -129,6 +129,17 @@ def test_a_timezone_that_is_not_a_zoneinfo_is_refused() -> None:
         once_per("day", tz=Pytz())
 
 
+def test_the_default_timezone_is_the_projects_as_a_quotas() -> None:
+    from django.test import override_settings
+
+    from django_redislua.jobs.periods import _zone
+    from django_redislua.limiting.definition import default_zone
+
+    with override_settings(TIME_ZONE="Asia/Tokyo"):
+        assert _zone(None) == ZoneInfo("Asia/Tokyo") == default_zone()
+    assert _zone("Europe/Paris") == PARIS
+
+
 def test_a_naive_moment_or_an_unknown_period_is_refused() -> None:
     with pytest.raises(ValueError, match="aware"):
         period_of(datetime(2026, 1, 1), "day", PARIS)
