@@ -279,6 +279,28 @@ def test_plan_mistakes_are_e034(plans: Any, plan: Any, message: str) -> None:
     assert any(e.id == "redislua.E034" and message in e.msg for e in errors), errors
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    ({"algorithm": "calendar", "timezone": "Europe/Pariss"},
+     "'Europe/Pariss' is not a timezone name"),
+    ({"algorithm": "calendar", "timezone": 3}, "not int"),
+    ({"algorithm": "gcra", "timezone": "Europe/Paris"}, "is for calendar policies"),
+    ({"algorithm": "calendar", "timezone": "tests.nowhere.zone_of"}, "cannot be imported"),
+])
+def test_a_timezone_mistake_in_settings_stops_manage_py_check(options: dict[str, Any],
+                                                              message: str) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    config = {**QUOTAS, "POLICIES": {**QUOTAS["POLICIES"],
+                                     "bad-quota": {"rate": "5/day", **options}}}
+    with override_settings(REDISLUA=config), pytest.raises(SystemCheckError) as failure:
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+    assert "redislua.E033" in str(failure.value) and message in str(failure.value)
+    assert "bad-quota" in str(failure.value)
+
+
 def test_the_quota_settings_pass_the_checks() -> None:
     assert [e for e in check_settings() if isinstance(e, Error)] == []
 
