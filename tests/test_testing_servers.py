@@ -35,6 +35,7 @@ from django_redislua.testing import (
     TLSFiles,
     bundled_binary,
     find_server_binary,
+    free_cluster_port,
     free_port,
     make_tls_files,
     sentinel_master_state,
@@ -185,6 +186,25 @@ def test_a_chosen_port_held_by_something_that_is_not_redis_is_chosen_again() -> 
             assert server.port != held
             assert server.process is not None
             assert server.client().info("server")["process_id"] == server.process.pid
+
+
+def test_a_cluster_nodes_ports_are_none_an_outgoing_connection_can_take() -> None:
+    """A node restarted on its own port (a cluster brought back up) must find it and its bus
+    port free: below the ephemeral range, no client's outgoing connection can hold them (CI:
+    a bus port held by one while the cluster was down). Outgoing connections, many of them,
+    then never use one."""
+    from django_redislua.testing.servers import _ephemeral_low
+
+    low = _ephemeral_low()
+    chosen = [free_cluster_port() for _ in range(200)]
+    assert all(port > 1024 and port + 10000 < low for port in chosen), (low, chosen)
+    with RedisServer() as server:
+        clients = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(200)]
+        try:
+            assert all(c.getsockname()[1] >= low for c in clients)
+        finally:
+            for c in clients:
+                c.close()
 
 
 def test_a_port_given_and_taken_fails_start_saying_so() -> None:

@@ -72,12 +72,26 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _ephemeral_low() -> int:
+    """Where the range the kernel gives outgoing connections their local port from starts
+    (Linux's default when it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free too."""
+    """A free port whose cluster bus port (port + 10000) is free too, both below the ephemeral
+    range when there is room: a node restarted on its port (a cluster that comes back) must
+    find both free, and any client's outgoing connection could take a port of that range
+    meanwhile (CI: a bus port taken by one while its cluster was down)."""
     import random
 
+    low = _ephemeral_low()
+    first, last = (12000, low - 10001) if low - 10001 > 13000 else (20000, 45000)
     for _ in range(200):
-        port = random.randint(20000, 45000)
+        port = random.randint(first, last)
         try:
             for candidate in (port, port + 10000):
                 with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
