@@ -28,7 +28,8 @@ from django.conf import settings
 from django_redislua.testing import free_port
 from tests.processes import stop_group
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "example_project"
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "example_project"
 CLIENTS, REQUESTS = 50, 200
 BOOT_TIMEOUT, LOAD_TIMEOUT = 40.0, 60.0
 
@@ -60,7 +61,10 @@ def get(port: int, path: str, timeout: float = 10.0) -> tuple[int, dict[str, str
 @contextmanager
 def serving(kind: str) -> Iterator[int]:
     port = free_port()
-    env = {**os.environ, "REDIS_URL": settings.REDIS_URL, "DJANGO_SETTINGS_MODULE": "demo.settings"}
+    # The example project, with patient timeouts and FAIL_OPEN off (tests/http_load_settings.py).
+    env = {**os.environ, "REDIS_URL": settings.REDIS_URL,
+           "DJANGO_SETTINGS_MODULE": "tests.http_load_settings",
+           "PYTHONPATH": os.pathsep.join([str(EXAMPLE), str(ROOT)])}
     env.pop("PYTHONWARNINGS", None)
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(
