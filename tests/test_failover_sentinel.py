@@ -399,20 +399,22 @@ def test_sentinel_failover_under_load(
     run = Run()
     used_scripts = [SCRIPT_ONE["sw"], SCRIPT_ONE["sl"], "django_redislua.lock_acquire",
                     "django_redislua.lock_release"]
-    with override_settings(
-        REDISLUA={"CONNECTION": servers.url, "FAIL_OPEN": True, "USE_FUNCTIONS": use_functions,
-                  "KEY_PREFIX": f"fo-{use_functions:d}", "TRUSTED_PROXIES": 1},
-        REST_FRAMEWORK=rest,
-    ):
-        # Every path works before the failover, and loads what it needs on the first primary.
-        warm = Client()
-        for path in ("/m/sync/", "/m/async/", "/m/drf/"):
-            response = warm.get(path, REMOTE_ADDR="10.0.0.1")
-            assert response.status_code == 200 and response.has_header("RateLimit"), path
-        assert Policy("warm", rate="3/h", algorithm="sliding_log").hit("w").allowed
-        for replicas in (0, 1):
-            with Lock("warm", timeout=LEASE, replicas=replicas) as warmed:
-                assert warmed.token is not None
+    config = {"CONNECTION": servers.url, "FAIL_OPEN": True, "USE_FUNCTIONS": use_functions,
+              "KEY_PREFIX": f"fo-{use_functions:d}", "TRUSTED_PROXIES": 1}
+    with override_settings(REDISLUA=config, REST_FRAMEWORK=rest):
+        # Every path works before the failover, and loads what it needs on the first primary:
+        # with patient timeouts, as the warm-up is not what is timed (CI, four workers on two
+        # cores: the first call, which loads the library, outlasted the 0.5 s and failed open).
+        with override_settings(REDISLUA={**config, "SOCKET_TIMEOUT": 30.0,
+                                         "SOCKET_CONNECT_TIMEOUT": 30.0}):
+            warm = Client()
+            for path in ("/m/sync/", "/m/async/", "/m/drf/"):
+                response = warm.get(path, REMOTE_ADDR="10.0.0.1")
+                assert response.status_code == 200 and response.has_header("RateLimit"), path
+            assert Policy("warm", rate="3/h", algorithm="sliding_log").hit("w").allowed
+            for replicas in (0, 1):
+                with Lock("warm", timeout=LEASE, replicas=replicas) as warmed:
+                    assert warmed.token is not None
         _replicated(servers)  # every replica has what the warm-up wrote
         replicas_before = {
             server.port: (library_present(server) if use_functions
