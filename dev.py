@@ -2,8 +2,8 @@
 """The two set-up commands (see README.md); they need nothing but Python 3.11+.
 
     python3 dev.py demo   # make .venv, install, serve the example project on 127.0.0.1:8000
-    python3 dev.py test   # make .venv, install, run ruff, mypy and the whole test suite on a
-                          # worker per core (it also builds the docs with -W and the wheel +
+    python3 dev.py test   # make .venv, install, run ruff, mypy and the whole test suite on
+                          # two workers per core (it also builds the docs with -W and the wheel +
                           # sdist, twine-checked; the lost-reply tests run with every core busy)
     python3 dev.py test --fast  # the quick loop: ruff, the unit tier (no Redis), then the
                           # engine, scripts, locks, recipes and Django layers on one server
@@ -113,19 +113,18 @@ def cores() -> int:
 
 
 def workers(env: dict[str, str]) -> tuple[str, ...]:
-    """pytest-xdist's arguments: a worker per core, each on a server of its own
+    """pytest-xdist's arguments: two workers per core, each on a server of its own
     (tests/settings.py starts one per worker), each running whole modules (a module's servers
     and its cpu_load are set up once). Measured per test (wall and CPU), the suite's tests
     spend about 1,100 s of wall time of which about 770 s is CPU: the rest waits on Redis, on
-    processes or on time, so two workers per core are quicker (pytest 444-452 s against
-    577 s on two cores). Not yet: three of four clean-clone runs with them failed, each on
-    one test that a loaded machine broke (each fixed at its cause since, issue 36), most of
-    them through the production 0.5 s socket timeout the test settings still use. None with
-    REDIS_URL set: that names one server, which workers cannot share (tests/conftest.py says
-    so), nor on one core."""
+    processes or on time, so two workers per core keep the cores busy (pytest 444-452 s
+    against 577 s with one per core on two cores). The machine is then loaded for the whole
+    run, which the test settings' patient Redis timeouts are for (tests/settings.py). None
+    with REDIS_URL set: that names one server, which workers cannot share (tests/conftest.py
+    says so), nor on one core."""
     if env.get("REDIS_URL") or cores() < 2:
         return ()
-    return ("-n", str(cores()), "--dist", "loadfile")
+    return ("-n", str(2 * cores()), "--dist", "loadfile")
 
 
 def quick(argv: list[str]) -> int:
