@@ -1,6 +1,7 @@
-"""``run_once`` when the process running the job dies (issue 35): a spawned child, with its own
-Django and Redis clients, starts the job and is SIGKILLed mid-run; the job must fall to the
-next try once the child's running lease ends, and a duplicate already waiting takes it over.
+"""``run_once`` when the process running the job dies (issue 35): a child process
+(tests/processes.py), with its own Django and Redis clients, starts the job and is SIGKILLed
+mid-run; the job must fall to the next try once the child's running lease ends, and a duplicate
+already waiting takes it over.
 
 The lease is 2 s, renewed every 2/3 s by the child while it lives, so its expiry after the
 kill is the only timing here: the takeover is asserted within that lease plus 1.5 s of slack
@@ -9,7 +10,6 @@ kill is the only timing here: the takeover is asserted within that lease plus 1.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import socket
@@ -22,10 +22,10 @@ import pytest
 
 from django_redislua.conf import settings as conf
 from django_redislua.locks import RunOutcome, run_once
+from tests.processes import CHILDREN, setup_django
 from tests.test_locks_async import _subscribers
 
 pytestmark = [pytest.mark.slow, pytest.mark.topologies]
-SPAWN = multiprocessing.get_context("spawn")
 LIMIT = 60.0  # seconds: the bound on every wait, never reached when sane
 LEASE = 2.0  # the job's running lease (run_once's timeout)
 STARTED, RUNS = "test:started", "test:runs"
@@ -51,19 +51,13 @@ def _job(wait: bool) -> Callable[..., Any]:
 
 def _crashing_run(connection: str) -> None:
     """The child: Django set up on the parent's connection, then the job, which never ends."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-    from tests import settings as test_settings
-
-    test_settings.REDISLUA["CONNECTION"] = connection
-    import django
-
-    django.setup()
+    setup_django(connection)
     _job(wait=False)(crash=True)
 
 
 def _start_and_kill_later(r: Any) -> tuple[Any, Callable[[], float]]:
     """A child running the job; and a function that SIGKILLs it, returning when (monotonic)."""
-    child = SPAWN.Process(target=_crashing_run, args=(conf.CONNECTION,))
+    child = CHILDREN.Process(target=_crashing_run, args=(conf.CONNECTION,))
     child.start()
     deadline = time.monotonic() + LIMIT
     while r.get(STARTED) is None:

@@ -1,9 +1,9 @@
-"""Lock acceptance with real processes (spawned, each with its own Django and Redis clients)."""
+"""Lock acceptance with real processes (tests/processes.py's children, each with its own Django
+and Redis clients)."""
 
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -16,22 +16,14 @@ import redis
 
 from django_redislua.locks import Lock
 from django_redislua.testing import CommandRecorder
+from tests.processes import CHILDREN, setup_django
 from tests.test_locks_fair import tries
 
 pytestmark = pytest.mark.slow
-SPAWN = multiprocessing.get_context("spawn")
-
-
-def _setup_django() -> None:
-    # The parent's REDIS_URL (exported by tests/settings.py) and settings module are inherited.
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-    import django
-
-    django.setup()
 
 
 def _increment_in_threads(threads: int, increments: int) -> None:
-    _setup_django()
+    setup_django()
     from django_redislua.connection import get_client
 
     client = get_client()
@@ -50,7 +42,7 @@ def _increment_in_threads(threads: int, increments: int) -> None:
 
 
 def _record_tokens(acquisitions: int) -> None:
-    _setup_django()
+    setup_django()
     from django_redislua.connection import get_client
 
     client = get_client()
@@ -60,7 +52,7 @@ def _record_tokens(acquisitions: int) -> None:
 
 
 def _run(target: object, args: tuple[int, ...], processes: int, limit: float) -> None:
-    workers = [SPAWN.Process(target=target, args=args) for _ in range(processes)]
+    workers = [CHILDREN.Process(target=target, args=args) for _ in range(processes)]
     for worker in workers:
         worker.start()
     deadline = time.monotonic() + limit

@@ -1,6 +1,7 @@
-"""Recipes acceptance with real processes (issue 16): spawned children, each with its own Django
-and Redis clients, racing on one Inventory, one WorkQueue (whose workers the test SIGKILLs) and
-one VersionedCache entry. Every child writes what it saw to Redis; the test judges the logs.
+"""Recipes acceptance with real processes (issue 16): children (tests/processes.py), each with
+its own Django and Redis clients, racing on one Inventory, one WorkQueue (whose workers the test
+SIGKILLs) and one VersionedCache entry. Every child writes what it saw to Redis; the test judges
+the logs.
 
 Children start together: each says it is ready (INCR), the test says go, and only then do their
 threads start calling. Every wait is bounded (``LIMIT``). The assertions judge what Redis
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import multiprocessing
 import os
 import random
 import threading
@@ -26,27 +26,15 @@ import pytest
 
 from django_redislua.conf import settings as conf
 from django_redislua.recipes import Inventory, QueueStats, Versioned, VersionedCache, WorkQueue
+from tests.processes import CHILDREN, setup_django
 
 pytestmark = [pytest.mark.slow, pytest.mark.topologies]
-SPAWN = multiprocessing.get_context("spawn")
 LIMIT = 120.0  # seconds: the bound on every wait (children and parent), never reached when sane
 PROCESSES = 4
 READY, GO, LOG = "test:ready", "test:go", "test:log"
 
 
 # -- running children together ----------------------------------------------------------------
-
-def _setup_django(connection: str) -> None:
-    # The parent's REDIS_URL (exported by tests/settings.py) and settings module are inherited;
-    # the connection is the parent's (the cluster's URL in a test's cluster run).
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-    from tests import settings as test_settings
-
-    test_settings.REDISLUA["CONNECTION"] = connection
-    import django
-
-    django.setup()
-
 
 def _client() -> Any:
     from django_redislua.connection import get_client
@@ -93,7 +81,7 @@ def _threads_together(client: Any, works: list[Callable[[], None]]) -> None:
 
 def _run_together(r: Any, target: Callable[..., None], args: list[tuple[Any, ...]]) -> None:
     """Run ``target(connection, *a)`` in one spawned process per ``a``; go once all are ready."""
-    workers = [SPAWN.Process(target=target, args=(conf.CONNECTION, *a)) for a in args]
+    workers = [CHILDREN.Process(target=target, args=(conf.CONNECTION, *a)) for a in args]
     for worker in workers:
         worker.start()
     deadline = time.monotonic() + LIMIT
@@ -125,7 +113,7 @@ THREADS = 16
 
 def _buy(connection: str, plan: list[list[tuple[str, str, int]]], one_per_user: bool) -> None:
     """Each thread takes each of its orders ``tries`` times, the calls shuffled together."""
-    _setup_django(connection)
+    setup_django(connection)
     client, inventory = _client(), Inventory(SALE)
 
     def buyer(orders: list[tuple[str, str, int]]) -> Callable[[], None]:
@@ -214,7 +202,7 @@ def test_4_processes_x_16_threads_buying_100_units_of_60(r: Any, one_per_user: b
 
 def _refund(connection: str, threads: int, orders: list[str], rounds: int) -> None:
     """Each thread gives back every order ``rounds`` times, in its own random order."""
-    _setup_django(connection)
+    setup_django(connection)
     client, inventory = _client(), Inventory(SALE)
 
     def work() -> None:
@@ -283,7 +271,7 @@ def _queue() -> WorkQueue:
 def _work(connection: str) -> None:
     """Claim, log the start (wall clock, before the work), work, ack, log the end and the ack's
     answer; until the test says stop."""
-    _setup_django(connection)
+    setup_django(connection)
     client, queue, pid = _client(), _queue(), os.getpid()
     deadline = time.monotonic() + LIMIT
     while not client.exists(STOP):
@@ -314,7 +302,7 @@ def test_work_queue_with_workers_sigkilled_mid_task(r: Any) -> None:
     workers: dict[int, Any] = {}
 
     def start_worker() -> None:
-        worker = SPAWN.Process(target=_work, args=(conf.CONNECTION,))
+        worker = CHILDREN.Process(target=_work, args=(conf.CONNECTION,))
         worker.start()
         assert worker.pid is not None
         workers[worker.pid] = worker
@@ -415,7 +403,7 @@ def _version_race(connection: str, versions: list[list[int]]) -> None:
     again, then a lower version, reading each write back), readers polling get_versioned,
     and builders calling get_or_build. The writers wait until a build has started: the one
     build races them, its value built for "no version" and finished after they wrote."""
-    _setup_django(connection)
+    setup_django(connection)
     client, cache = _client(), VersionedCache(CACHE)
     writing = threading.Event()
     writers_left = [len(versions)]
