@@ -58,13 +58,13 @@ def ensure_env(extras: str, env_dir: Path = VENV, interpreter: str | None = None
     started = time.monotonic()
     what = f"django-redislua[{extras}]" if project else f"what django-redislua[{extras}] needs"
     print(f"installing {what} {' '.join(pins)} into {env_dir}", flush=True)
-    if not project:
+    if project:
+        subprocess.check_call([python, "-m", "pip", "install", "-q", "-e", f"{ROOT}[{extras}]",
+                               *pins])
+        stamp.write_text(digest)
+    else:
         subprocess.check_call([python, "-m", "pip", "install", "-q", *requirements(extras),
                                *pins])
-        return python
-    subprocess.check_call([python, "-m", "pip", "install", "-q", "-e", f"{ROOT}[{extras}]",
-                           *pins])
-    stamp.write_text(digest)
     print(f"installed {what} into {env_dir} in {time.monotonic() - started:.0f} s", flush=True)
     return python
 
