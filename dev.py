@@ -147,8 +147,8 @@ def workers(env: dict[str, str]) -> tuple[str, ...]:
     (tests/settings.py starts one per worker), each running whole modules (a module's servers
     and its cpu_load are set up once). Measured per test (wall and CPU), the suite's tests
     spend about 1,100 s of wall time of which about 770 s is CPU: the rest waits on Redis, on
-    processes or on time, so two workers per core keep the cores busy (pytest 444-452 s
-    against 577 s with one per core on two cores). The machine is then loaded for the whole
+    processes or on time, so two workers per core keep the cores busy (pytest 393-420 s
+    against 555-577 s with one per core on two cores). The machine is then loaded for the whole
     run, which the test settings' patient Redis timeouts are for (tests/settings.py). None
     with REDIS_URL set: that names one server, which workers cannot share (tests/conftest.py
     says so), nor on one core."""
@@ -272,12 +272,10 @@ def matrix(argv: list[str]) -> int:
                       for name, _, pins, _, _, interpreter in runnable]
         for future in installing:
             future.result()
-    pythons = [ensure_env("test-fast", VENV / "matrix" / name, interpreter, pins)
-               for name, _, pins, _, _, interpreter in runnable]
-    for (name, version, pins, machine_redis, tests, _), python in zip(runnable, pythons,
-                                                                       strict=True):
+    for name, version, pins, machine_redis, tests, interpreter in runnable:
         print(f"== {name}: Python {version}, {' '.join(pins)}"
               f"{'' if machine_redis else ', no redis-server on PATH'}", flush=True)
+        python = ensure_env("test-fast", VENV / "matrix" / name, interpreter, pins)
         with tempfile.TemporaryDirectory() as farm:
             env = dict(os.environ)
             # What differs here is the versions: each model test (hypothesis against Redis)
