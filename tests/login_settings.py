@@ -8,11 +8,12 @@ admit an attempt undecided (as tests/http_load_settings.py says). A failure is a
 
 from tests.deploy_settings import *  # noqa: F403
 from tests.deploy_settings import MIDDLEWARE, REDISLUA
+from tests.patience import VERY_PATIENT
 from tests.testapp.login_policies import MIDDLEWARE_POLICIES, POLICIES
 
 ROOT_URLCONF = "tests.testapp.login_views"
 MIDDLEWARE = [*MIDDLEWARE, "django_redislua.middleware.RateLimitMiddleware"]
 REDISLUA["POLICIES"] = {**REDISLUA["POLICIES"], **POLICIES}
 REDISLUA["MIDDLEWARE_POLICIES"] = MIDDLEWARE_POLICIES
-REDISLUA["SOCKET_TIMEOUT"] = REDISLUA["SOCKET_CONNECT_TIMEOUT"] = 30.0
+REDISLUA.update(VERY_PATIENT)
 REDISLUA["FAIL_OPEN"] = False

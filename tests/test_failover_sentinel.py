@@ -68,6 +68,7 @@ from django_redislua.locks import LeaseLost, Lock, LockNotOwned, LockUnavailable
 from django_redislua.scripts import get_script, registry
 from django_redislua.testing import RedisSentinelServers, RedisServer
 from django_redislua.transport import get_transport
+from tests.patience import VERY_PATIENT
 
 pytestmark = pytest.mark.slow
 
@@ -405,8 +406,7 @@ def test_sentinel_failover_under_load(
         # Every path works before the failover, and loads what it needs on the first primary:
         # with patient timeouts, as the warm-up is not what is timed (CI, four workers on two
         # cores: the first call, which loads the library, outlasted the 0.5 s and failed open).
-        with override_settings(REDISLUA={**config, "SOCKET_TIMEOUT": 30.0,
-                                         "SOCKET_CONNECT_TIMEOUT": 30.0}):
+        with override_settings(REDISLUA={**config, **VERY_PATIENT}):
             warm = Client()
             for path in ("/m/sync/", "/m/async/", "/m/drf/"):
                 response = warm.get(path, REMOTE_ADDR="10.0.0.1")

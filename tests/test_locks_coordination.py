@@ -36,8 +36,8 @@ from django_redislua.locks import (
 from django_redislua.locks.flight import Flight
 from django_redislua.recipes import VersionedCache
 from django_redislua.testing import CommandRecorder
+from tests.patience import PATIENT
 from tests.test_locks_fair import tries
-from tests.test_lost_replies import PATIENT
 
 pytestmark = pytest.mark.topologies
 

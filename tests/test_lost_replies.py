@@ -51,6 +51,7 @@ from django_redislua.locks.lock import _Wait
 from django_redislua.protocol import Send
 from django_redislua.recipes import CappedCounter, RecipeUnavailable
 from django_redislua.transport import ClusterTransport, get_transport, run
+from tests.patience import PATIENT
 from tests.settings import REDIS_URL, REDISLUA
 from tests.test_lean_path import pool_state
 
@@ -698,9 +699,8 @@ async def test_an_async_reentry_whose_reply_was_lost_is_released_at_once(
 
 ROUNDS = 120
 POOL = 40
-# What these tests count is connections, not time: timeouts a loaded machine cannot reach. At the
+# What these tests count is connections, not time: patient timeouts (tests/patience.py). At the
 # default 0.5 s a clean-clone CI run failed one round's connect (its event loop starved past it).
-PATIENT = {"SOCKET_TIMEOUT": 5.0, "SOCKET_CONNECT_TIMEOUT": 5.0}
 
 
 def test_settings_changes_never_exhaust_a_shared_cache_pool(topology: str) -> None:
