@@ -24,7 +24,7 @@ import redis.cluster
 import redis.connection
 from redis.exceptions import ResponseError
 
-from django_redislua import exchange, lean, metrics
+from django_redislua import exchange, lean, metrics, pipelining
 from django_redislua.conf import on_change_first
 from django_redislua.connection import (
     CLIENT_ERRORS,
@@ -236,9 +236,18 @@ class AsyncServerTransport(AsyncTransport):
         pool = client.connection_pool
         self.source: Any = (lean.AsyncKeptConnections(pool) if lean.eligible(pool)
                             else AsyncPoolSource(pool))
+        self.shared = pipelining.SharedConnection(pool) if pipelining.eligible(pool) else None
 
     async def send(self, op: Send) -> Replies:
-        return regroup(op, await aexchange(self.source, flatten(op)))
+        commands = flatten(op)
+        if self.shared is not None and pipelining.shares(commands):
+            return regroup(op, await self.shared.exchange(commands))
+        return regroup(op, await aexchange(self.source, commands))
+
+    def loaded(self, op: Load) -> Any:
+        if self.shared is not None:  # on the connection the calls that need it go on
+            return self.shared.exchange((op.command,))
+        return aexchange(self.source, (op.command,))
 
 
 class AsyncClusterTransport(AsyncTransport):

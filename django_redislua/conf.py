@@ -232,6 +232,10 @@ class Settings:
     # Send script calls on a single server straight to a pooled connection (django_redislua/
     # lean.py), bypassing redis-py's per-command machinery; False keeps redis-py's path.
     LEAN_CALLS = _flag(True)
+    # asyncio, a single server: the calls a loop's tasks make while others are in flight share
+    # one connection, its writes and reads (django_redislua/pipelining.py); False: a connection
+    # per call, as threads use.
+    PIPELINING = _flag(True)
     # False: the decorators, the middleware and the DRF throttles admit every request without
     # asking Redis (a kill switch, and for test settings). The Python API still decides.
     ENABLED = _flag(True)

@@ -93,7 +93,7 @@ def eligible(pool: Any) -> bool:
     )
 
 
-def _packer(pool: Any) -> Any:
+def packer(pool: Any) -> Any:
     """hiredis's ``pack_command`` where it packs exactly as the pool's own connections do, which
     saves redis-py's Python pass over every argument (about 2 us a call); None: redis-py packs.
     redis-py's sync connections pack with hiredis themselves whenever it is installed and no
@@ -110,7 +110,7 @@ def _packer(pool: Any) -> Any:
     return hiredis_pack if HIREDIS_AVAILABLE and kwargs.get("command_packer") is None else None
 
 
-def _packed(pack: Any, args: Command) -> bytes | None:
+def packed(pack: Any, args: Command) -> bytes | None:
     """``args`` packed as the connection would, or None to let redis-py pack them: a command
     name with a space ("SCRIPT LOAD"), which redis-py splits, or an argument hiredis refuses
     (a bytearray), which redis-py converts or reports as a DataError."""
@@ -139,7 +139,7 @@ class KeptConnections:
         self.pool = pool
         self._checkout = checkout(pool)
         self._keep = pool.max_connections // 2
-        self._pack = _packer(pool)
+        self._pack = packer(pool)
         self._closed = False
         self._reset()
 
@@ -187,11 +187,11 @@ class KeptConnections:
         self.pool.release(conn)
 
     def send_one(self, conn: Connection, command: Command) -> None:
-        packed = _packed(self._pack, command)
-        if packed is None:
+        data = packed(self._pack, command)
+        if data is None:
             conn.send_command(*command)
         else:
-            conn.send_packed_command([packed])
+            conn.send_packed_command([data])
 
     def close(self) -> None:
         """Give every kept connection back to the pool (one in use goes back when its call
@@ -208,7 +208,7 @@ class AsyncKeptConnections:
         self.pool = pool
         self._checkout = checkout(pool)
         self._keep = pool.max_connections // 2
-        self._pack = _packer(pool)
+        self._pack = packer(pool)
         self._idle: list[Connection] = []
         self._kept: set[Connection] = set()
 
@@ -241,7 +241,7 @@ class AsyncKeptConnections:
 
     def pack(self, conn: Connection, commands: Sequence[Command]) -> Any:
         if len(commands) == 1:
-            packed = _packed(self._pack, commands[0])
-            if packed is not None:
-                return packed
+            data = packed(self._pack, commands[0])
+            if data is not None:
+                return data
         return conn.pack_commands(commands)

@@ -175,10 +175,10 @@ def test_without_the_lean_connection_api_the_reference_transport_is_used(
 @pytest.mark.unit
 def test_without_hiredis_available_redis_py_packs(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = redis.ConnectionPool(host="127.0.0.1", port=1)
-    assert (lean._packer(pool) is not None) == (lean.hiredis_pack is not None
+    assert (lean.packer(pool) is not None) == (lean.hiredis_pack is not None
                                                 and redis.utils.HIREDIS_AVAILABLE)
     monkeypatch.setattr(lean, "HIREDIS_AVAILABLE", False)
-    assert lean._packer(pool) is None
+    assert lean.packer(pool) is None
 
 
 def torn_down_read(url: str) -> BaseException:

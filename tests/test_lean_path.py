@@ -45,8 +45,11 @@ from django_redislua.testing import CommandRecorder, RedisServer
 from django_redislua.transport import get_transport
 
 TIMEOUT = 0.3  # SOCKET_TIMEOUT and SOCKET_CONNECT_TIMEOUT under test
-LEAN, ORDINARY = "lean", "ordinary"
+LEAN, ORDINARY, PIPELINED = "lean", "ordinary", "pipelined"
 PATHS = [LEAN, ORDINARY]
+# asyncio: also the shared connection of automatic pipelining (django_redislua/pipelining.py),
+# over the lean transport; ``lean`` and ``ordinary`` run with PIPELINING off.
+ASYNC_PATHS = [LEAN, ORDINARY, PIPELINED]
 
 # -- bugs these tests found (see the reasons) --------------------------------------------------
 REDIS_PY_4252 = (
@@ -77,7 +80,8 @@ def redislua(server: RedisServer, path: str, **extra: Any) -> dict[str, Any]:
     options = dict(extra.pop("CONNECTION_OPTIONS", {}))
     return {
         "CONNECTION": server.url,
-        "LEAN_CALLS": path == LEAN,
+        "LEAN_CALLS": path in (LEAN, PIPELINED),
+        "PIPELINING": path == PIPELINED,
         "SOCKET_TIMEOUT": TIMEOUT,
         "SOCKET_CONNECT_TIMEOUT": TIMEOUT,
         "CONNECTION_OPTIONS": options,
@@ -102,16 +106,30 @@ def channel(path: str) -> lean.KeptConnections | None:
     lean_or_skip(path)
     source = get_transport().source  # type: ignore[attr-defined]
     found = source if isinstance(source, lean.KeptConnections) else None
-    assert found is not None if path == LEAN else found is None
+    assert found is not None if path in (LEAN, PIPELINED) else found is None
     return found
 
 
 def achannel(path: str) -> lean.AsyncKeptConnections | None:
     lean_or_skip(path)
-    source = get_async_transport().source  # type: ignore[attr-defined]
+    transport = get_async_transport()
+    assert (transport.shared is not None) == (path == PIPELINED)  # type: ignore[attr-defined]
+    source = transport.source  # type: ignore[attr-defined]
     found = source if isinstance(source, lean.AsyncKeptConnections) else None
-    assert found is not None if path == LEAN else found is None
+    assert found is not None if path in (LEAN, PIPELINED) else found is None
     return found
+
+
+def apool_state(found: lean.AsyncKeptConnections | None) -> None:
+    """:func:`pool_state` of the running loop's client, with the shared connection of
+    pipelining, if any: idle (nothing pending, nothing in flight), and the one other connection
+    checked out."""
+    shared = get_async_transport().shared  # type: ignore[attr-defined]
+    held = set()
+    if shared is not None:
+        assert not shared._pending and not shared._in_flight and not shared._using
+        held = {shared._conn} - {None}
+    pool_state(get_async_client().connection_pool, found, held)
 
 
 def lean_call(found: Any, *args: Any) -> Any:
@@ -145,13 +163,14 @@ def in_use(pool: Any) -> set[Any]:
     return set(pool._in_use_connections)
 
 
-def pool_state(pool: Any, found: lean.KeptConnections | lean.AsyncKeptConnections | None
-               ) -> None:
-    """Between calls: only the channel's idle connections are checked out, and every
-    connection it keeps is idle (none lost, none checked out twice)."""
+def pool_state(pool: Any, found: lean.KeptConnections | lean.AsyncKeptConnections | None,
+               held: set[Any] = frozenset()) -> None:  # type: ignore[assignment]
+    """Between calls: only the channel's idle connections (and ``held``: pipelining's shared
+    one) are checked out, and every connection it keeps is idle (none lost, none checked out
+    twice)."""
     idle = list(found._idle) if found is not None else []
     assert len(idle) == len(set(idle)), "a connection is idle twice"
-    assert in_use(pool) == set(idle)
+    assert in_use(pool) == set(idle) | held
     if found is not None:
         assert found._kept == set(idle)
         assert len(found._kept) <= max(1, pool.max_connections // 2)
@@ -246,7 +265,7 @@ async def test_lean_path_taken_by_the_async_client(server: RedisServer) -> None:
         found = achannel(LEAN)
         limited = policy("5/m")
         assert [(await limited.ahit("a")).allowed for _ in range(6)] == [True] * 5 + [False]
-        pool_state(get_async_client().connection_pool, found)
+        apool_state(found)
 
 
 async def test_lean_calls_false_takes_the_ordinary_path(server: RedisServer) -> None:
@@ -358,7 +377,7 @@ def test_restart_through_a_view_fail_closed(
 @pytest.mark.parametrize(
     "path",
     [LEAN, pytest.param(ORDINARY, marks=pytest.mark.xfail(
-        redis.VERSION[:2] == (8, 1), strict=False, reason=REDIS_PY_4252))],
+        redis.VERSION[:2] == (8, 1), strict=False, reason=REDIS_PY_4252)), PIPELINED],
 )
 async def test_async_server_closed_connection_is_replaced(
     server: RedisServer, control: redis.Redis, path: str, event: str
@@ -378,7 +397,7 @@ async def test_async_server_closed_connection_is_replaced(
             assert (await limited.ahit("a")).allowed
             assert (await limited.ahit("a")).allowed
         assert calls(rec) == [*EVENTS[event], "EVALSHA"]
-        pool_state(get_async_client().connection_pool, found)
+        apool_state(found)
 
 
 # -- 3, 4. SCRIPT FLUSH and FUNCTION FLUSH ---------------------------------------------------------
@@ -409,7 +428,7 @@ def test_flushed_scripts_are_loaded_once(
 
 
 @pytest.mark.parametrize("use_functions", [False, True], ids=["scripts", "functions"])
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", ASYNC_PATHS)
 async def test_async_flushed_scripts_are_loaded_once(
     server: RedisServer, control: redis.Redis, path: str, use_functions: bool
 ) -> None:
@@ -424,7 +443,7 @@ async def test_async_flushed_scripts_are_loaded_once(
             assert (await limited.ahit("a")).allowed
         assert rec.commands == expected
         assert (await limited.ahit("a")).remaining == 100 - 4
-        pool_state(get_async_client().connection_pool, found)
+        apool_state(found)
 
 
 # -- 5. timeouts ---------------------------------------------------------------------------------
@@ -470,7 +489,7 @@ def test_timeouts_while_reconnecting_leak_nothing(
         pool_state(get_client().connection_pool, found)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", ASYNC_PATHS)
 async def test_async_timeout_then_recovery(
     server: RedisServer, path: str
 ) -> None:
@@ -485,13 +504,13 @@ async def test_async_timeout_then_recovery(
             elapsed = time.monotonic() - start
         assert elapsed >= TIMEOUT * 0.9  # and the server answered nothing meanwhile
         assert (await limited.ahit("a")).allowed
-        pool_state(get_async_client().connection_pool, found)
+        apool_state(found)
 
 
 # -- 6. one round trip per decision ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", ASYNC_PATHS)
 async def test_one_command_per_decision(server: RedisServer, path: str) -> None:
     with on(server, path):
         limited = policy()
@@ -629,7 +648,7 @@ def test_pool_limit_under_concurrency(
 # -- 9. asyncio cancellation ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", ASYNC_PATHS)
 async def test_cancelled_call_leaves_the_channel_usable(
     server: RedisServer, path: str
 ) -> None:
@@ -645,10 +664,10 @@ async def test_cancelled_call_leaves_the_channel_usable(
                 await task
         assert (await limited.ahit("a")).allowed
         assert (await limited.ahit("a")).allowed
-        pool_state(get_async_client().connection_pool, found)
+        apool_state(found)
 
 
-@pytest.mark.parametrize("path", [LEAN, ORDINARY])
+@pytest.mark.parametrize("path", ASYNC_PATHS)
 async def test_cancelled_reconnect_leaks_nothing(
     server: RedisServer, path: str
 ) -> None:
@@ -668,7 +687,7 @@ async def test_cancelled_reconnect_leaks_nothing(
                 await task
         assert (await limited.ahit("a")).allowed
         assert (await limited.ahit("a")).allowed
-        pool_state(get_async_client().connection_pool, found)
+        apool_state(found)
 
 
 @pytest.mark.parametrize("protocol", [2, 3])

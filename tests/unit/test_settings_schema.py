@@ -71,6 +71,7 @@ MESSAGES: list[tuple[str, Any, str]] = [
     ("USE_FUNCTIONS", "false", "REDISLUA['USE_FUNCTIONS'] must be True or False, not 'false'."),
     ("LOCAL_DENY", 1, "REDISLUA['LOCAL_DENY'] must be True or False, not 1."),
     ("LEAN_CALLS", None, "REDISLUA['LEAN_CALLS'] must be True or False, not None."),
+    ("PIPELINING", "on", "REDISLUA['PIPELINING'] must be True or False, not 'on'."),
     ("ENABLED", "no", "REDISLUA['ENABLED'] must be True or False, not 'no'."),
     ("METRICS", ["prometheus", "prometheus"],
      "REDISLUA['METRICS'] must be \"auto\" or a list of ['prometheus', 'opentelemetry'] (each "

@@ -1,0 +1,301 @@
+"""Automatic pipelining (asyncio): the script calls a loop's tasks make while others are in
+flight share one connection, its writes and its reads.
+
+Without it, 64 tasks deciding at once take 64 connections, and each call is its own write, its
+own read and its own wake-up of Redis. With it (``REDISLUA["PIPELINING"]``, on by default), a
+server's asyncio transport keeps one connection of the pool checked out, and:
+
+- every call made in one iteration of the event loop goes out in **one write**, at the end of
+  that iteration (no timer: a call alone goes out as soon as its task yields, and pays no window);
+- calls made while earlier replies are awaited are written at once behind them (Redis answers a
+  connection's commands in order), and one task reads the replies back, in order, to each
+  caller;
+- a batch is at most :data:`MAX_BATCH` commands; the callers hold what is in flight.
+
+Every guarantee of the per-call path holds:
+
+- **sent once**: nothing is ever written twice. A call whose batch was being written, or whose
+  reply was awaited, when the connection failed (a timeout, a reset) fails as a reply lost (the
+  protocol never sends it again); a call not yet written when that happens goes out on the new
+  connection; a call that could not be written because the connection could not be opened fails
+  as *unsent* (:func:`django_redislua.protocol.unsent`), as on the per-call path;
+- **timeouts**: each reply is read with the pool's socket timeout;
+- **cancellation**: a task cancelled before its call was written withdraws it (it is never
+  sent); one cancelled after reads nothing, and its reply is read and dropped, so its
+  batch-mates' replies stay in order. The protocol's undo then runs as on the per-call path;
+- **a connection the server closed** while idle (a restart, an idle timeout) is found before the
+  next write (the pool's own readability check) and replaced, as the lean path does;
+- **blocking commands** (``WAIT``: :class:`~django_redislua.locks.Lock` with ``replicas``) never
+  share the connection (they would hold every other call behind them): they take the per-call
+  path.
+
+Single servers only (a plain pool); a cluster sends each node's group as redis-py's pipeline,
+and threads take the per-call path (docs/ratelimit.md, "Automatic pipelining").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.connection
+from redis.exceptions import ResponseError
+
+from django_redislua import lean
+from django_redislua.conf import settings
+from django_redislua.connection import checkout
+from django_redislua.protocol import unsent
+
+Command = tuple[Any, ...]
+
+# The most commands one write carries: a bound on a batch's buffer, not a window (the rest go
+# out in the next write, at once).
+MAX_BATCH = 512
+
+# Commands that block their connection: never sent on the shared one.
+BLOCKING = frozenset({"WAIT", "WAITAOF", "BLPOP", "BRPOP", "BLMOVE", "BRPOPLPUSH", "BZPOPMIN",
+                      "BZPOPMAX", "BLMPOP", "BZMPOP", "XREAD", "XREADGROUP"})
+
+PLAIN_POOLS = (redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool)
+
+
+# The pool's own check of a connection it hands out: ``can_read`` since redis-py 8.0, which
+# deprecates the older ``can_read_destructive`` (the only one up to 7.x).
+CAN_READ = ("can_read" if hasattr(redis.asyncio.connection.Connection, "can_read")
+            else "can_read_destructive")
+
+
+def has_connection_api() -> bool:
+    """Feature test (docs/versions.md): the asyncio connection methods the shared connection
+    uses, public on every redis-py the package supports."""
+    needed = ("is_connected", CAN_READ, "connect", "disconnect", "send_packed_command",
+              "read_response", "pack_commands")
+    return all(hasattr(redis.asyncio.connection.Connection, name) for name in needed)
+
+
+SUPPORTED = has_connection_api()
+
+
+def eligible(pool: Any) -> bool:
+    """Whether a server's asyncio transport shares a connection: the setting, a plain pool of
+    at least two connections (one stays for everything else), no client-side caching."""
+    return (
+        SUPPORTED
+        and settings.PIPELINING
+        and type(pool) in PLAIN_POOLS
+        and pool.max_connections >= 2
+        and getattr(pool, "cache", None) is None
+        and not pool.connection_kwargs.get("cache_config")
+    )
+
+
+def shares(commands: Sequence[Command]) -> bool:
+    """Whether an exchange may go on the shared connection (no blocking command)."""
+    return not any(str(command[0]).upper() in BLOCKING for command in commands)
+
+
+class _Exchange:
+    """One caller's commands, and the future its replies go to."""
+
+    __slots__ = ("commands", "future", "replies")
+
+    def __init__(self, commands: Sequence[Command], future: asyncio.Future[list[Any]]) -> None:
+        self.commands = commands
+        self.future = future
+        self.replies: list[Any] = []
+
+
+def _fail(exchanges: Any, failure: Exception | None,
+          mark: Any = None) -> None:
+    """Each caller still waiting gets its own copy of ``failure`` (``mark``-ed: ``unsent``);
+    None: the calls are cancelled (the task that would send or read them was)."""
+    for exchange in exchanges:
+        if exchange.future.done():
+            continue
+        if failure is None:
+            exchange.future.cancel()
+        else:
+            mine = _own_copy(failure)
+            if mark is not None:
+                # A failure only a class of its own can be marked with (a built-in exception
+                # takes no weak reference): unmarked, the call counts as possibly sent.
+                with contextlib.suppress(TypeError):
+                    mine = mark(mine)
+            exchange.future.set_exception(mine)
+
+
+def _own_copy(failure: BaseException) -> BaseException:
+    """A failure for one caller: each raises its own (a shared instance's traceback would grow
+    with every caller that raises it), caused by the one the connection met."""
+    try:
+        mine = copy.copy(failure)
+    except Exception:  # pragma: no cover - an exception that cannot be copied is shared
+        return failure
+    mine.__traceback__ = None
+    mine.__cause__ = failure
+    return mine
+
+
+class SharedConnection:
+    """One connection of an asyncio pool that carries every exchange of its loop's transport
+    (see the module docstring)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._checkout = checkout(pool)
+        self._packer = lean.packer(pool)
+        self._conn: Any = None
+        self._pending: deque[_Exchange] = deque()  # not written yet
+        self._in_flight: deque[_Exchange] = deque()  # written, replies awaited in this order
+        self._writer: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._reading: Any = None  # the connection a reader task reads, if one runs
+        # Tasks using each connection (the writer while it writes, the reader while it reads):
+        # a connection dropped after a failure goes back to the pool when the last one leaves
+        # it, never while another task could still touch its socket.
+        self._using: dict[Any, int] = {}
+
+    async def exchange(self, commands: Sequence[Command]) -> list[Any]:
+        """``commands``' replies (an error reply as its exception), sent once in the current
+        loop iteration's write."""
+        loop = asyncio.get_running_loop()
+        exchange = _Exchange(commands, loop.create_future())
+        self._pending.append(exchange)
+        if self._writer is None or self._writer.done():
+            # Started as a task: it runs once every task ready in this iteration has run, so
+            # their calls are written together.
+            self._writer = loop.create_task(self._write())
+        try:
+            return await exchange.future
+        except asyncio.CancelledError:
+            # Not written yet: withdrawn, never sent. Taken for a write: its reply is read and
+            # dropped.
+            with contextlib.suppress(ValueError):
+                self._pending.remove(exchange)
+            raise
+
+    def _pack(self, conn: Any, commands: list[Command]) -> Any:
+        if self._packer is not None:
+            packed = [lean.packed(self._packer, command) for command in commands]
+            if None not in packed:
+                return b"".join(packed)  # type: ignore[arg-type]
+        return conn.pack_commands(commands)
+
+    async def _write(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            batch: list[_Exchange] = []
+            count = 0
+            while self._pending and (not batch or count + len(self._pending[0].commands)
+                                     <= MAX_BATCH):
+                exchange = self._pending.popleft()
+                if exchange.future.done():  # its task was cancelled: never sent
+                    continue
+                batch.append(exchange)
+                count += len(exchange.commands)
+            if not batch:
+                continue
+            try:
+                conn = await self._ready()
+            except Exception as exc:  # nothing of this batch was written: unsent
+                _fail(batch, exc, unsent)
+                continue
+            except BaseException:  # this task cancelled (its loop closing): so are the calls
+                _fail(batch, None)
+                raise
+            # From here to the write, nothing awaits: the batch is in flight on ``conn`` before
+            # any other task runs, and a reader reads that connection.
+            commands = [command for exchange in batch for command in exchange.commands]
+            self._in_flight.extend(batch)
+            if self._reading is not conn:
+                self._reading = conn
+                # Held here: the loop keeps only a weak reference to a task, and a reader
+                # collected mid-read would leave its callers waiting forever.
+                self._reader = loop.create_task(self._read(conn))
+                self._reader.add_done_callback(_consume)
+            self._enter(conn)
+            try:
+                await conn.send_packed_command(self._pack(conn, commands), check_health=False)
+            except BaseException as exc:  # some of it may have reached Redis: lost replies
+                self._lost(conn, exc)
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                await self._leave(conn)
+
+    async def _ready(self) -> Any:
+        """The connection to write on: connected, and, when nothing is in flight on it,
+        checked as the pool checks one it hands out (data waiting, or closed by the server,
+        means a new connection)."""
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = await self._checkout()  # connected and checked by the pool
+            return conn
+        if self._in_flight:
+            return conn
+        try:
+            if conn.is_connected and await getattr(conn, CAN_READ)():
+                await conn.disconnect()
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            await conn.disconnect()
+        if not conn.is_connected:
+            await conn.connect()  # before the write: a failure here sent nothing
+        return conn
+
+    async def _read(self, conn: Any) -> None:
+        self._enter(conn)
+        try:
+            while self._conn is conn and self._in_flight:
+                exchange = self._in_flight[0]
+                try:
+                    reply = await conn.read_response()
+                except ResponseError as error:
+                    reply = error
+                except BaseException as exc:
+                    self._lost(conn, exc)
+                    raise
+                exchange.replies.append(reply)
+                if len(exchange.replies) == len(exchange.commands):
+                    self._in_flight.popleft()
+                    if not exchange.future.done():  # done: its caller was cancelled
+                        exchange.future.set_result(exchange.replies)
+        finally:
+            if self._reading is conn:
+                self._reading = None
+            await self._leave(conn)
+
+    def _lost(self, conn: Any, failure: BaseException) -> None:
+        """``conn`` failed: every exchange written on it (or being written) fails as a reply
+        lost, and it is dropped (the next write opens another)."""
+        if self._conn is not conn:
+            return  # already dropped, by the other of the writer and the reader
+        self._conn = None
+        lost, self._in_flight = self._in_flight, deque()
+        _fail(lost, failure if isinstance(failure, Exception) else None)
+
+    def _enter(self, conn: Any) -> None:
+        self._using[conn] = self._using.get(conn, 0) + 1
+
+    async def _leave(self, conn: Any) -> None:
+        left = self._using[conn] - 1
+        if left:
+            self._using[conn] = left
+            return
+        del self._using[conn]
+        if conn is not self._conn:  # dropped: closed (what was sent on it is lost), given back
+            try:
+                await conn.disconnect()
+            finally:
+                await self.pool.release(conn)
+
+
+def _consume(task: asyncio.Task[None]) -> None:
+    """A reader's failure is its callers' (each got it); nothing is left unretrieved."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,203 @@
+"""Automatic pipelining (django_redislua/pipelining.py) on a real server: what holds for one
+call holds for calls that share a write. Many asyncio tasks racing for a limit admit exactly the
+limit, every algorithm; their calls reach Redis in a few reads (counted by the server), each one
+command; replies lost with a batch are each applied once and never sent again; tasks cancelled
+in a batch leave nothing held while their batch-mates get their own replies.
+
+Single server (the shared connection's topology); the lost-reply and cancellation tests of
+tests/test_lost_replies.py run their asyncio calls on it too, alone in their batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.test import override_settings
+
+from django_redislua import Policy, pipelining
+from django_redislua.atransport import get_async_transport
+from django_redislua.connection import CLIENT_ERRORS, get_client
+from django_redislua.recipes import CappedCounter, RecipeUnavailable
+from django_redislua.testing import CommandRecorder
+from tests.settings import REDISLUA
+
+ALGORITHMS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket", "leaky_bucket",
+              "gcra"]
+TASKS = 64
+
+
+def shared() -> pipelining.SharedConnection:
+    """The running loop's shared connection (asserted: the path under test is taken)."""
+    found = get_async_transport().shared  # type: ignore[attr-defined]
+    assert isinstance(found, pipelining.SharedConnection)
+    return found
+
+
+def reads_processed() -> int:
+    """The server's count of reads from client sockets (INFO stats): one per socket read,
+    however many commands it brought."""
+    return int(get_client().info("stats")["total_reads_processed"])
+
+
+@contextlib.contextmanager
+def stopped(seconds: float) -> Iterator[None]:
+    """The server stopped (SIGSTOP) now, resumed ``seconds`` of wall time later by a thread:
+    what is sent meanwhile waits in its socket and runs when the server resumes."""
+    pid = int(get_client().info("server")["process_id"])
+    os.kill(pid, signal.SIGSTOP)
+    resume = threading.Thread(target=lambda: (time.sleep(seconds), os.kill(pid, signal.SIGCONT)))
+    resume.start()
+    try:
+        yield
+    finally:
+        resume.join()
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+async def test_64_racing_tasks_admit_exactly_the_limit(algorithm: str) -> None:
+    options: dict[str, Any] = {"burst": 10} if algorithm in ("token_bucket", "leaky_bucket",
+                                                             "gcra") else {}
+    policy = Policy(f"race-{algorithm}", rate="10/h", algorithm=algorithm, **options)
+    await policy.apeek("warm")  # the script loaded and the connection open: only the race below
+    before = reads_processed()
+    decisions = await asyncio.gather(*(policy.ahit("k") for _ in range(TASKS)))
+    reads = reads_processed() - before
+    assert sum(decision.allowed for decision in decisions) == 10
+    assert {d.remaining for d in decisions if not d.allowed} == {0}
+    assert (await policy.apeek("k")).remaining == 0
+    # The 64 calls shared their writes: far fewer reads than calls (one read each, unshared).
+    assert reads <= TASKS // 4, reads
+    shared()
+
+
+async def test_a_concurrency_limit_raced_by_64_tasks_holds_exactly_its_slots() -> None:
+    policy = Policy("race-slots", algorithm="concurrency", limit=10, timeout="10m")
+    decisions = await asyncio.gather(*(policy.ahit("k") for _ in range(TASKS)))
+    held = [decision for decision in decisions if decision.allowed]
+    assert len(held) == 10 and len({d.lease for d in held}) == 10
+    key = policy.redis_key("k")
+    assert get_client().zcard(key) == 10
+    await asyncio.gather(*(policy.arelease("k", d) for d in held))
+    assert get_client().zcard(key) == 0
+
+
+async def test_each_decision_is_one_command_whatever_shares_its_write() -> None:
+    policy = Policy("one-each", rate="1000/h", algorithm="gcra")
+    await policy.apeek("warm")
+    with CommandRecorder(get_client()) as recorder:
+        decisions = await asyncio.gather(*(policy.ahit(f"user{n}") for n in range(TASKS)))
+    assert all(decision.allowed and decision.remaining == 999 for decision in decisions)
+    assert recorder.commands == ["EVALSHA"] * TASKS  # no PING, no handshake, nothing sent twice
+
+
+@pytest.fixture
+def short_timeouts() -> Iterator[None]:
+    with override_settings(REDISLUA={**REDISLUA, "SOCKET_TIMEOUT": 0.4,
+                                     "SOCKET_CONNECT_TIMEOUT": 0.4}):
+        yield
+
+
+async def test_replies_lost_with_their_batch_are_each_applied_once(
+        short_timeouts: None) -> None:
+    policy = Policy("lost-batch", rate="100/h", algorithm="fixed_window")
+    counter = CappedCounter("lost-batch", cap=100, ttl="1h")
+    assert (await policy.ahit("warm")).allowed and (await counter.aadd("warm")).accepted
+    with stopped(1.0):  # past the 0.4 s socket timeout: every reply of the batch is lost
+        hits = [asyncio.ensure_future(policy.ahit(f"user{n}")) for n in range(8)]
+        adds = [asyncio.ensure_future(counter.aadd(f"item{n}")) for n in range(4)]
+        outcomes = await asyncio.gather(*hits, *adds, return_exceptions=True)
+    assert all(isinstance(outcome, (*CLIENT_ERRORS, RecipeUnavailable))
+               for outcome in outcomes), outcomes
+
+    def applied() -> tuple[list[int], list[int]]:
+        return ([100 - policy.peek(f"user{n}").remaining for n in range(8)],
+                [counter.value(f"item{n}") for n in range(4)])
+
+    deadline = time.monotonic() + 5
+    while applied() != ([1] * 8, [1] * 4):  # the server ran what waited in its socket
+        assert time.monotonic() < deadline, applied()
+        await asyncio.sleep(0.01)
+    # ...once: nothing was sent again, then or with the next calls.
+    assert (await policy.ahit("user0")).remaining == 98
+    assert applied() == ([2] + [1] * 7, [1] * 4)
+
+
+async def test_tasks_cancelled_in_a_batch_leave_no_slot_and_the_others_get_their_own() -> None:
+    policy = Policy("cancel-batch", algorithm="concurrency", limit=10, timeout="10m")
+    gauge = Policy("cancel-batch-gauge", rate="100/h", algorithm="fixed_window")
+    await policy.apeek("warm")
+    key = policy.redis_key("k")
+    with stopped(0.3):
+        slots = [asyncio.ensure_future(policy.ahit("k")) for _ in range(6)]
+        hits = [asyncio.ensure_future(gauge.ahit(f"user{n}")) for n in range(3)]
+        await asyncio.sleep(0.05)  # all written, the server stopped before reading them
+        for task in slots[:3]:
+            task.cancel()
+        kept = await asyncio.gather(*slots[3:])
+        counted = await asyncio.gather(*hits)
+    for task in slots[:3]:
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert all(decision.allowed and decision.lease for decision in kept)
+    assert [decision.remaining for decision in counted] == [99, 99, 99]  # each its own reply
+    deadline = time.monotonic() + 5
+    while get_client().zcard(key) != 3:  # the cancelled ones gave back what they took
+        assert time.monotonic() < deadline, get_client().zrange(key, 0, -1)
+        await asyncio.sleep(0.01)
+    await asyncio.gather(*(policy.arelease("k", decision) for decision in kept))
+    assert get_client().zcard(key) == 0
+
+
+async def test_a_connection_the_server_closed_while_idle_is_replaced_before_the_next_batch(
+        ) -> None:
+    policy = Policy("closed-idle", rate="100/h", algorithm="gcra", burst=100)
+    assert (await policy.ahit("a")).allowed
+    closed = shared()._conn
+    get_client().client_kill_filter(_type="normal", skipme=True)  # an idle timeout, say
+    await asyncio.sleep(0.05)  # the EOF reaches the socket, as between two requests
+    decisions = await asyncio.gather(*(policy.ahit("a") for _ in range(8)))
+    assert sorted(d.remaining for d in decisions) == list(range(91, 99))  # none lost, none twice
+    assert shared()._conn is closed and closed.is_connected  # reconnected before the write
+
+
+def test_pipelining_false_takes_a_connection_per_call() -> None:
+    async def transport_shared() -> Any:
+        return get_async_transport().shared  # type: ignore[attr-defined]
+
+    with override_settings(REDISLUA={**REDISLUA, "PIPELINING": False}):
+        assert asyncio.run(transport_shared()) is None
+    assert isinstance(asyncio.run(transport_shared()), pipelining.SharedConnection)
+
+
+def test_a_pool_of_one_connection_is_not_shared() -> None:
+    async def transport_shared() -> Any:
+        return get_async_transport().shared  # type: ignore[attr-defined]
+
+    options = {"max_connections": 1}
+    with override_settings(REDISLUA={**REDISLUA, "CONNECTION_OPTIONS": options}):
+        assert asyncio.run(transport_shared()) is None
+
+
+def test_a_redis_error_reply_reaches_only_its_caller() -> None:
+    """An error reply in the middle of a batch (a script's own error) is its caller's; the
+    batch-mates on either side get their replies."""
+    async def main() -> list[Any]:
+        exchange = shared().exchange
+        return await asyncio.gather(
+            exchange([("SET", "pl:a", "1")]), exchange([("INCR", "pl:text-not-int")]),
+            exchange([("GET", "pl:a")]), return_exceptions=True)
+
+    get_client().set("pl:text-not-int", "text")
+    first, error, last = asyncio.run(main())
+    assert first == [True] or first == [b"OK"] or first == ["OK"]
+    assert isinstance(error[0], redis.ResponseError)
+    assert last == [b"1"] or last == ["1"]

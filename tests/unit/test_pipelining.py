@@ -1,0 +1,252 @@
+"""Automatic pipelining's shared connection (django_redislua/pipelining.py), on a scripted
+connection: what is written when (one write per loop iteration, a batch at most MAX_BATCH
+commands), whose reply goes to whom (in order, a cancelled caller's dropped), and what a
+failure means for each call (written: a reply lost, never sent again; not written: sent on the
+next connection; the connection could not be opened: unsent)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis
+from redis.exceptions import ResponseError
+
+from django_redislua import pipelining
+from django_redislua.pipelining import MAX_BATCH, SharedConnection, shares
+from django_redislua.protocol import was_unsent
+
+
+class ScriptedConnection:
+    """A redis-py asyncio connection as the shared connection uses it: what is written is
+    recorded (one entry per write); each reply is given by the test, in order."""
+
+    def __init__(self, pool: ScriptedPool) -> None:
+        self.pool = pool
+        self.writes: list[list[tuple[Any, ...]]] = []
+        self.replies: asyncio.Queue[Any] = asyncio.Queue()
+        self.is_connected = True
+        self.disconnects = 0
+        self.write_gate: asyncio.Event | None = None  # set: a write waits until it is set
+        self.waiting_data = False  # can_read_destructive: data waiting, or closed by the server
+
+    def pack_commands(self, commands: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        return list(commands)
+
+    async def send_packed_command(self, packed: Any, check_health: bool = True) -> None:
+        assert check_health is False  # a PING's reply would be read by the reader
+        if not self.is_connected:
+            raise redis.ConnectionError("closed")
+        self.writes.append(packed)
+        if self.write_gate is not None:
+            await self.write_gate.wait()
+            if not self.is_connected:
+                raise redis.ConnectionError("closed while writing")
+
+    async def read_response(self) -> Any:
+        reply = await self.replies.get()
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    async def can_read(self) -> bool:
+        return self.waiting_data
+
+    can_read_destructive = can_read  # its name before redis-py 8.0
+
+    async def connect(self) -> None:
+        self.is_connected = True
+        self.waiting_data = False
+
+    async def disconnect(self) -> None:
+        self.is_connected = False
+        self.disconnects += 1
+
+
+class ScriptedPool:
+    max_connections = 10
+    connection_kwargs: dict[str, Any] = {"command_packer": object()}  # redis-py packs
+
+    def __init__(self) -> None:
+        self.handed: list[ScriptedConnection] = []
+        self.released: list[ScriptedConnection] = []
+        self.refuse: BaseException | None = None
+
+    async def get_connection(self) -> ScriptedConnection:
+        if self.refuse is not None:
+            raise self.refuse
+        conn = ScriptedConnection(self)
+        self.handed.append(conn)
+        return conn
+
+    async def release(self, conn: ScriptedConnection) -> None:
+        self.released.append(conn)
+
+
+def cmd(n: int) -> tuple[Any, ...]:
+    return ("EVALSHA", "sha", 1, f"k{n}", n)
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def pool(monkeypatch: pytest.MonkeyPatch) -> ScriptedPool:
+    monkeypatch.setattr(pipelining.lean, "packer", lambda pool: None)
+    return ScriptedPool()
+
+
+async def test_calls_of_one_iteration_share_one_write_and_get_their_own_replies(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    calls = [asyncio.ensure_future(shared.exchange([cmd(n)])) for n in range(5)]
+    await settle()
+    conn, = pool.handed
+    assert conn.writes == [[cmd(n) for n in range(5)]]  # one write, in call order
+    for n in range(5):
+        conn.replies.put_nowait(f"reply {n}")
+    assert await asyncio.gather(*calls) == [[f"reply {n}"] for n in range(5)]
+
+
+async def test_an_exchange_of_several_commands_gets_all_its_replies_an_error_as_exception(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    first = asyncio.ensure_future(shared.exchange([cmd(1), ("WAITX",)]))
+    second = asyncio.ensure_future(shared.exchange([cmd(2)]))
+    await settle()
+    conn, = pool.handed
+    error = ResponseError("NOSCRIPT No matching script")
+    for reply in ("a", error, "b"):
+        conn.replies.put_nowait(reply)
+    assert await first == ["a", error]
+    assert await second == ["b"]
+
+
+async def test_a_call_made_while_others_await_replies_is_written_at_once(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    first = asyncio.ensure_future(shared.exchange([cmd(1)]))
+    await settle()
+    second = asyncio.ensure_future(shared.exchange([cmd(2)]))
+    await settle()
+    conn, = pool.handed
+    assert conn.writes == [[cmd(1)], [cmd(2)]]  # not held until the first reply
+    conn.replies.put_nowait(1)
+    conn.replies.put_nowait(2)
+    assert (await first, await second) == ([1], [2])
+
+
+async def test_a_batch_is_at_most_max_batch_commands(pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    calls = [asyncio.ensure_future(shared.exchange([cmd(n)])) for n in range(MAX_BATCH + 3)]
+    await settle()
+    conn, = pool.handed
+    assert [len(write) for write in conn.writes] == [MAX_BATCH, 3]
+    for n in range(MAX_BATCH + 3):
+        conn.replies.put_nowait(n)
+    assert [reply for reply, in await asyncio.gather(*calls)] == list(range(MAX_BATCH + 3))
+
+
+async def test_a_call_cancelled_before_its_write_is_never_sent(pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    kept = asyncio.ensure_future(shared.exchange([cmd(1)]))
+    withdrawn = asyncio.ensure_future(shared.exchange([cmd(2)]))
+    await asyncio.sleep(0)  # both have queued their call; the write has not run yet
+    withdrawn.cancel()
+    await settle()
+    conn, = pool.handed
+    assert conn.writes == [[cmd(1)]]
+    conn.replies.put_nowait("one")
+    assert await kept == ["one"]
+    assert withdrawn.cancelled()
+
+
+async def test_a_call_cancelled_after_its_write_has_its_reply_dropped_in_order(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    calls = [asyncio.ensure_future(shared.exchange([cmd(n)])) for n in range(3)]
+    await settle()
+    calls[1].cancel()
+    await settle()
+    conn, = pool.handed
+    for n in range(3):
+        conn.replies.put_nowait(f"reply {n}")
+    assert await calls[0] == ["reply 0"]
+    assert await calls[2] == ["reply 2"]  # not the cancelled one's
+    assert calls[1].cancelled()
+    later = asyncio.ensure_future(shared.exchange([cmd(3)]))
+    await settle()
+    conn.replies.put_nowait("reply 3")
+    assert await later == ["reply 3"]
+    assert len(pool.handed) == 1 and conn.disconnects == 0
+
+
+async def test_a_lost_connection_fails_what_was_written_and_sends_the_rest_on_a_new_one(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    written = [asyncio.ensure_future(shared.exchange([cmd(n)])) for n in range(2)]
+    await settle()
+    first, = pool.handed
+    first.write_gate = asyncio.Event()  # the next write hangs: its calls are being written
+    being_written = asyncio.ensure_future(shared.exchange([cmd(2)]))
+    await settle()
+    not_written = asyncio.ensure_future(shared.exchange([cmd(3)]))
+    await settle()
+    first.replies.put_nowait(redis.TimeoutError("Timeout reading from socket"))
+    for lost in (*written, being_written):
+        with pytest.raises(redis.TimeoutError) as failure:
+            await lost
+        assert not was_unsent(failure.value)  # possibly applied: never sent again
+    first.is_connected = False
+    first.write_gate.set()
+    await settle()
+    second = pool.handed[1]
+    assert second.writes == [[cmd(3)]]  # only what was never written
+    second.replies.put_nowait("three")
+    assert await not_written == ["three"]
+    assert [cmd(n) for n in range(4)] == [
+        c for conn in pool.handed for write in conn.writes for c in write]  # each once
+    assert pool.released == [first]  # given back once, after both tasks left it
+    assert first.disconnects >= 1
+
+
+async def test_a_connection_that_cannot_be_opened_fails_its_calls_as_unsent(
+        pool: ScriptedPool) -> None:
+    pool.refuse = redis.ConnectionError("Connection refused")
+    shared = SharedConnection(pool)
+    calls = [asyncio.ensure_future(shared.exchange([cmd(n)])) for n in range(2)]
+    for call in calls:
+        with pytest.raises(redis.ConnectionError) as failure:
+            await call
+        assert was_unsent(failure.value)  # nothing was written: the protocol may send again
+    assert failure.value.__cause__ is not None
+    pool.refuse = None
+    again = asyncio.ensure_future(shared.exchange([cmd(9)]))
+    await settle()
+    pool.handed[0].replies.put_nowait("ok")
+    assert await again == ["ok"]
+
+
+async def test_a_connection_closed_while_idle_is_reconnected_before_the_write(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    call = asyncio.ensure_future(shared.exchange([cmd(1)]))
+    await settle()
+    conn, = pool.handed
+    conn.replies.put_nowait(1)
+    await call
+    conn.waiting_data = True  # the server closed it (an idle timeout, a restart)
+    second = asyncio.ensure_future(shared.exchange([cmd(2)]))
+    await settle()
+    assert conn.disconnects == 1 and conn.is_connected  # reconnected before writing
+    conn.replies.put_nowait(2)
+    assert await second == [2]
+
+
+def test_blocking_commands_never_share_the_connection() -> None:
+    assert shares([cmd(1)])
+    assert not shares([cmd(1), ("WAIT", 1, 100)])
+    assert not shares([("wait", 1, 100)])
