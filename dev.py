@@ -180,6 +180,7 @@ def bench(argv: list[str]) -> int:
     status = run(PYTHON, "benchmarks/bench_ratelimit.py", *argv)
     status = status or run(PYTHON, "benchmarks/bench_calendar.py")
     status = status or run(PYTHON, "benchmarks/bench_locks.py")
+    status = status or run(PYTHON, "benchmarks/bench_concurrency.py")
     return status or run(PYTHON, "benchmarks/bench_memory.py")
 
 

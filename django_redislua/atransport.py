@@ -239,10 +239,14 @@ class AsyncServerTransport(AsyncTransport):
         self.shared = pipelining.SharedConnection(pool) if pipelining.eligible(pool) else None
 
     async def send(self, op: Send) -> Replies:
-        commands = flatten(op)
+        return regroup(op, await self.exchanged(flatten(op)))
+
+    def exchanged(self, commands: list[Command]) -> Any:
+        """The replies of ``commands`` to await: on the shared connection (pipelining) unless
+        one blocks, else on a connection of their own."""
         if self.shared is not None and pipelining.shares(commands):
-            return regroup(op, await self.shared.exchange(commands))
-        return regroup(op, await aexchange(self.source, commands))
+            return self.shared.exchange(commands)
+        return aexchange(self.source, commands)
 
     def loaded(self, op: Load) -> Any:
         if self.shared is not None:  # on the connection the calls that need it go on

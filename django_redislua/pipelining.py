@@ -2,7 +2,8 @@
 flight share one connection, its writes and its reads.
 
 Without it, 64 tasks deciding at once take 64 connections, and each call is its own write, its
-own read and its own wake-up of Redis. With it (``REDISLUA["PIPELINING"]``, on by default), a
+own read and its own wake-up of Redis. With it (``REDISLUA["PIPELINING"] = True``; off by
+default, as a lone call pays two hand-offs through the loop, the writer's and the reader's), a
 server's asyncio transport keeps one connection of the pool checked out, and:
 
 - every call made in one iteration of the event loop goes out in **one write**, at the end of
@@ -50,7 +51,8 @@ from redis.exceptions import ResponseError
 from django_redislua import lean
 from django_redislua.conf import settings
 from django_redislua.connection import checkout
-from django_redislua.protocol import unsent
+from django_redislua.drivers import adrive
+from django_redislua.protocol import Protocol, unsent
 
 Command = tuple[Any, ...]
 
@@ -161,24 +163,20 @@ class SharedConnection:
         # it, never while another task could still touch its socket.
         self._using: dict[Any, int] = {}
 
-    async def exchange(self, commands: Sequence[Command]) -> list[Any]:
+    def exchange(self, commands: Sequence[Command]) -> asyncio.Future[list[Any]]:
         """``commands``' replies (an error reply as its exception), sent once in the current
-        loop iteration's write."""
+        loop iteration's write: a future to await. A caller cancelled while awaiting it
+        cancels it: not written yet, the call is withdrawn (never sent); written, its reply is
+        read and dropped."""
         loop = asyncio.get_running_loop()
         exchange = _Exchange(commands, loop.create_future())
         self._pending.append(exchange)
         if self._writer is None or self._writer.done():
             # Started as a task: it runs once every task ready in this iteration has run, so
             # their calls are written together.
-            self._writer = loop.create_task(self._write())
-        try:
-            return await exchange.future
-        except asyncio.CancelledError:
-            # Not written yet: withdrawn, never sent. Taken for a write: its reply is read and
-            # dropped.
-            with contextlib.suppress(ValueError):
-                self._pending.remove(exchange)
-            raise
+            self._writer = loop.create_task(adrive(self._writing(), AWAITED))
+            self._writer.add_done_callback(_consume)
+        return exchange.future
 
     def _pack(self, conn: Any, commands: list[Command]) -> Any:
         if self._packer is not None:
@@ -187,74 +185,85 @@ class SharedConnection:
                 return b"".join(packed)  # type: ignore[arg-type]
         return conn.pack_commands(commands)
 
-    async def _write(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._pending:
-            batch: list[_Exchange] = []
-            count = 0
-            while self._pending and (not batch or count + len(self._pending[0].commands)
-                                     <= MAX_BATCH):
-                exchange = self._pending.popleft()
-                if exchange.future.done():  # its task was cancelled: never sent
-                    continue
+    def _batch(self) -> list[_Exchange]:
+        """The next write's exchanges: at most MAX_BATCH commands (one exchange, if larger),
+        those of cancelled callers left out (withdrawn: never sent)."""
+        batch: list[_Exchange] = []
+        count = 0
+        while self._pending and (not batch or count + len(self._pending[0].commands)
+                                 <= MAX_BATCH):
+            exchange = self._pending.popleft()
+            if not exchange.future.done():
                 batch.append(exchange)
                 count += len(exchange.commands)
+        return batch
+
+    # The writer and the reader are generators yielding what to await, run by the asyncio
+    # driver (drivers.adrive), as every protocol is: their decisions are plain code.
+
+    def _writing(self) -> Protocol[None]:
+        """The writer task: what is pending, a batch per write, until nothing is."""
+        while self._pending:
+            batch = self._batch()
             if not batch:
                 continue
             try:
-                conn = await self._ready()
+                conn = yield from self._ready()
             except Exception as exc:  # nothing of this batch was written: unsent
                 _fail(batch, exc, unsent)
                 continue
             except BaseException:  # this task cancelled (its loop closing): so are the calls
                 _fail(batch, None)
                 raise
-            # From here to the write, nothing awaits: the batch is in flight on ``conn`` before
-            # any other task runs, and a reader reads that connection.
+            # From here to the write, nothing is awaited: the batch is in flight on ``conn``
+            # before any other task runs, and a reader reads that connection.
             commands = [command for exchange in batch for command in exchange.commands]
             self._in_flight.extend(batch)
             if self._reading is not conn:
                 self._reading = conn
                 # Held here: the loop keeps only a weak reference to a task, and a reader
                 # collected mid-read would leave its callers waiting forever.
-                self._reader = loop.create_task(self._read(conn))
+                self._reader = asyncio.get_running_loop().create_task(
+                    adrive(self._reading_replies(conn), AWAITED))
                 self._reader.add_done_callback(_consume)
             self._enter(conn)
             try:
-                await conn.send_packed_command(self._pack(conn, commands), check_health=False)
+                yield conn.send_packed_command(self._pack(conn, commands), check_health=False)
             except BaseException as exc:  # some of it may have reached Redis: lost replies
                 self._lost(conn, exc)
                 if not isinstance(exc, Exception):
                     raise
             finally:
-                await self._leave(conn)
+                yield from self._leave(conn)
 
-    async def _ready(self) -> Any:
+    def _ready(self) -> Protocol[Any]:
         """The connection to write on: connected, and, when nothing is in flight on it,
         checked as the pool checks one it hands out (data waiting, or closed by the server,
         means a new connection)."""
         conn = self._conn
         if conn is None:
-            conn = self._conn = await self._checkout()  # connected and checked by the pool
+            conn = self._conn = yield self._checkout()  # connected and checked by the pool
             return conn
         if self._in_flight:
             return conn
         try:
-            if conn.is_connected and await getattr(conn, CAN_READ)():
-                await conn.disconnect()
+            if conn.is_connected and (yield getattr(conn, CAN_READ)()):
+                yield conn.disconnect()
         except (redis.ConnectionError, redis.TimeoutError, OSError):
-            await conn.disconnect()
+            yield conn.disconnect()
         if not conn.is_connected:
-            await conn.connect()  # before the write: a failure here sent nothing
+            yield conn.connect()  # before the write: a failure here sent nothing
         return conn
 
-    async def _read(self, conn: Any) -> None:
+    def _reading_replies(self, conn: Any) -> Protocol[None]:
+        """The reader task of ``conn``: each reply to its caller, in order, while any is
+        awaited there."""
         self._enter(conn)
         try:
             while self._conn is conn and self._in_flight:
                 exchange = self._in_flight[0]
                 try:
-                    reply = await conn.read_response()
+                    reply = yield conn.read_response()
                 except ResponseError as error:
                     reply = error
                 except BaseException as exc:
@@ -268,7 +277,7 @@ class SharedConnection:
         finally:
             if self._reading is conn:
                 self._reading = None
-            await self._leave(conn)
+            yield from self._leave(conn)
 
     def _lost(self, conn: Any, failure: BaseException) -> None:
         """``conn`` failed: every exchange written on it (or being written) fails as a reply
@@ -282,7 +291,7 @@ class SharedConnection:
     def _enter(self, conn: Any) -> None:
         self._using[conn] = self._using.get(conn, 0) + 1
 
-    async def _leave(self, conn: Any) -> None:
+    def _leave(self, conn: Any) -> Protocol[None]:
         left = self._using[conn] - 1
         if left:
             self._using[conn] = left
@@ -290,12 +299,29 @@ class SharedConnection:
         del self._using[conn]
         if conn is not self._conn:  # dropped: closed (what was sent on it is lost), given back
             try:
-                await conn.disconnect()
+                yield conn.disconnect()
             finally:
-                await self.pool.release(conn)
+                yield self.pool.release(conn)
+
+
+class _Awaited:
+    """The driver's transport for the writer and the reader: what they yield is awaited as
+    it is."""
+
+    @staticmethod
+    def perform(operation: Any) -> Any:
+        return operation
+
+    @staticmethod
+    def call(script: Any, command: tuple[Any, ...]) -> Any:  # pragma: no cover - never called
+        raise NotImplementedError
+
+
+AWAITED = _Awaited()
 
 
 def _consume(task: asyncio.Task[None]) -> None:
-    """A reader's failure is its callers' (each got it); nothing is left unretrieved."""
+    """A writer's or reader's failure is its callers' (each got it); nothing is left
+    unretrieved."""
     if not task.cancelled():
         task.exception()

@@ -19,6 +19,7 @@ import pytest
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.connection
 import redis.cluster
 import redis.connection
 import redis.utils
@@ -35,6 +36,7 @@ from django_redislua import (
     exchange,
     lean,
     metrics,
+    pipelining,
     request_layer,
     transport,
 )
@@ -63,6 +65,9 @@ ROWS: dict[str, tuple[Callable[[], Any], Callable[[], bool]]] = {
     "asyncio); `redis.utils.HIREDIS_AVAILABLE`":
         (lambda: lean.has_connection_api() and hasattr(redis.utils, "HIREDIS_AVAILABLE"),
          needs_lean),
+    "`Connection.is_connected`, `can_read` (`can_read_destructive` before 8.0), `connect`, "
+    "`disconnect`, `send_packed_command(check_health=False)`, `read_response`, `pack_commands` "
+    "(asyncio)": (pipelining.has_connection_api, lambda: True),
     "`caches[alias]._cache.get_client(write=True)`": (connection.has_django_cache_client,
                                                       lambda: True),
     "`response._has_been_logged`, read by `django.utils.log.log_response`":
@@ -170,6 +175,17 @@ def test_without_the_lean_connection_api_the_reference_transport_is_used(
     monkeypatch.setattr(lean, "SUPPORTED", False)
     found = transport.ServerTransport(redis.Redis(host="127.0.0.1", port=1))
     assert isinstance(found.source, transport.PoolSource) and not found.lean_reads
+
+
+@pytest.mark.unit
+def test_without_the_shared_connection_api_asyncio_calls_take_a_connection_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(redis.asyncio.connection, "Connection", type("Connection", (), {}))
+    assert not pipelining.has_connection_api()
+    monkeypatch.undo()
+    monkeypatch.setattr(pipelining, "SUPPORTED", False)
+    found = atransport.AsyncServerTransport(redis.asyncio.Redis(host="127.0.0.1", port=1))
+    assert found.shared is None
 
 
 @pytest.mark.unit

@@ -30,6 +30,14 @@ from django_redislua.recipes import CappedCounter, RecipeUnavailable
 from django_redislua.testing import CommandRecorder
 from tests.settings import REDISLUA
 
+
+@pytest.fixture(autouse=True)
+def pipelining_on() -> Iterator[None]:
+    """PIPELINING is off by default: on for this module's tests."""
+    with override_settings(REDISLUA={**REDISLUA, "PIPELINING": True}):
+        yield
+
+
 ALGORITHMS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket", "leaky_bucket",
               "gcra"]
 TASKS = 64
@@ -101,7 +109,7 @@ async def test_each_decision_is_one_command_whatever_shares_its_write() -> None:
 
 @pytest.fixture
 def short_timeouts() -> Iterator[None]:
-    with override_settings(REDISLUA={**REDISLUA, "SOCKET_TIMEOUT": 0.4,
+    with override_settings(REDISLUA={**REDISLUA, "PIPELINING": True, "SOCKET_TIMEOUT": 0.4,
                                      "SOCKET_CONNECT_TIMEOUT": 0.4}):
         yield
 
@@ -169,13 +177,17 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced_before_the_
     assert shared()._conn is closed and closed.is_connected  # reconnected before the write
 
 
-def test_pipelining_false_takes_a_connection_per_call() -> None:
+def test_pipelining_false_the_default_takes_a_connection_per_call() -> None:
     async def transport_shared() -> Any:
         return get_async_transport().shared  # type: ignore[attr-defined]
 
+    assert isinstance(asyncio.run(transport_shared()), pipelining.SharedConnection)
     with override_settings(REDISLUA={**REDISLUA, "PIPELINING": False}):
         assert asyncio.run(transport_shared()) is None
-    assert isinstance(asyncio.run(transport_shared()), pipelining.SharedConnection)
+    with override_settings(REDISLUA={**REDISLUA, "PIPELINING": None}):  # redislua.E024
+        assert asyncio.run(transport_shared()) is None
+    with override_settings(REDISLUA={k: v for k, v in REDISLUA.items() if k != "PIPELINING"}):
+        assert asyncio.run(transport_shared()) is None  # off unless asked for
 
 
 def test_a_pool_of_one_connection_is_not_shared() -> None:
@@ -183,7 +195,8 @@ def test_a_pool_of_one_connection_is_not_shared() -> None:
         return get_async_transport().shared  # type: ignore[attr-defined]
 
     options = {"max_connections": 1}
-    with override_settings(REDISLUA={**REDISLUA, "CONNECTION_OPTIONS": options}):
+    with override_settings(REDISLUA={**REDISLUA, "PIPELINING": True,
+                                     "CONNECTION_OPTIONS": options}):
         assert asyncio.run(transport_shared()) is None
 
 

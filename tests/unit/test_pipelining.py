@@ -84,6 +84,14 @@ class ScriptedPool:
         self.released.append(conn)
 
 
+def caller(shared: SharedConnection, commands: Any) -> asyncio.Task[list[Any]]:
+    """A task awaiting ``commands``' replies, as a transport's caller does."""
+    async def call() -> list[Any]:
+        return await shared.exchange(commands)
+
+    return asyncio.ensure_future(call())
+
+
 def cmd(n: int) -> tuple[Any, ...]:
     return ("EVALSHA", "sha", 1, f"k{n}", n)
 
@@ -102,7 +110,7 @@ def pool(monkeypatch: pytest.MonkeyPatch) -> ScriptedPool:
 async def test_calls_of_one_iteration_share_one_write_and_get_their_own_replies(
         pool: ScriptedPool) -> None:
     shared = SharedConnection(pool)
-    calls = [asyncio.ensure_future(shared.exchange([cmd(n)])) for n in range(5)]
+    calls = [caller(shared, [cmd(n)]) for n in range(5)]
     await settle()
     conn, = pool.handed
     assert conn.writes == [[cmd(n) for n in range(5)]]  # one write, in call order
@@ -114,8 +122,8 @@ async def test_calls_of_one_iteration_share_one_write_and_get_their_own_replies(
 async def test_an_exchange_of_several_commands_gets_all_its_replies_an_error_as_exception(
         pool: ScriptedPool) -> None:
     shared = SharedConnection(pool)
-    first = asyncio.ensure_future(shared.exchange([cmd(1), ("WAITX",)]))
-    second = asyncio.ensure_future(shared.exchange([cmd(2)]))
+    first = caller(shared, [cmd(1), ("WAITX",)])
+    second = caller(shared, [cmd(2)])
     await settle()
     conn, = pool.handed
     error = ResponseError("NOSCRIPT No matching script")
@@ -128,9 +136,9 @@ async def test_an_exchange_of_several_commands_gets_all_its_replies_an_error_as_
 async def test_a_call_made_while_others_await_replies_is_written_at_once(
         pool: ScriptedPool) -> None:
     shared = SharedConnection(pool)
-    first = asyncio.ensure_future(shared.exchange([cmd(1)]))
+    first = caller(shared, [cmd(1)])
     await settle()
-    second = asyncio.ensure_future(shared.exchange([cmd(2)]))
+    second = caller(shared, [cmd(2)])
     await settle()
     conn, = pool.handed
     assert conn.writes == [[cmd(1)], [cmd(2)]]  # not held until the first reply
@@ -141,7 +149,7 @@ async def test_a_call_made_while_others_await_replies_is_written_at_once(
 
 async def test_a_batch_is_at_most_max_batch_commands(pool: ScriptedPool) -> None:
     shared = SharedConnection(pool)
-    calls = [asyncio.ensure_future(shared.exchange([cmd(n)])) for n in range(MAX_BATCH + 3)]
+    calls = [caller(shared, [cmd(n)]) for n in range(MAX_BATCH + 3)]
     await settle()
     conn, = pool.handed
     assert [len(write) for write in conn.writes] == [MAX_BATCH, 3]
@@ -152,8 +160,8 @@ async def test_a_batch_is_at_most_max_batch_commands(pool: ScriptedPool) -> None
 
 async def test_a_call_cancelled_before_its_write_is_never_sent(pool: ScriptedPool) -> None:
     shared = SharedConnection(pool)
-    kept = asyncio.ensure_future(shared.exchange([cmd(1)]))
-    withdrawn = asyncio.ensure_future(shared.exchange([cmd(2)]))
+    kept = caller(shared, [cmd(1)])
+    withdrawn = caller(shared, [cmd(2)])
     await asyncio.sleep(0)  # both have queued their call; the write has not run yet
     withdrawn.cancel()
     await settle()
@@ -167,7 +175,7 @@ async def test_a_call_cancelled_before_its_write_is_never_sent(pool: ScriptedPoo
 async def test_a_call_cancelled_after_its_write_has_its_reply_dropped_in_order(
         pool: ScriptedPool) -> None:
     shared = SharedConnection(pool)
-    calls = [asyncio.ensure_future(shared.exchange([cmd(n)])) for n in range(3)]
+    calls = [caller(shared, [cmd(n)]) for n in range(3)]
     await settle()
     calls[1].cancel()
     await settle()
@@ -177,7 +185,7 @@ async def test_a_call_cancelled_after_its_write_has_its_reply_dropped_in_order(
     assert await calls[0] == ["reply 0"]
     assert await calls[2] == ["reply 2"]  # not the cancelled one's
     assert calls[1].cancelled()
-    later = asyncio.ensure_future(shared.exchange([cmd(3)]))
+    later = caller(shared, [cmd(3)])
     await settle()
     conn.replies.put_nowait("reply 3")
     assert await later == ["reply 3"]
@@ -187,13 +195,13 @@ async def test_a_call_cancelled_after_its_write_has_its_reply_dropped_in_order(
 async def test_a_lost_connection_fails_what_was_written_and_sends_the_rest_on_a_new_one(
         pool: ScriptedPool) -> None:
     shared = SharedConnection(pool)
-    written = [asyncio.ensure_future(shared.exchange([cmd(n)])) for n in range(2)]
+    written = [caller(shared, [cmd(n)]) for n in range(2)]
     await settle()
     first, = pool.handed
     first.write_gate = asyncio.Event()  # the next write hangs: its calls are being written
-    being_written = asyncio.ensure_future(shared.exchange([cmd(2)]))
+    being_written = caller(shared, [cmd(2)])
     await settle()
-    not_written = asyncio.ensure_future(shared.exchange([cmd(3)]))
+    not_written = caller(shared, [cmd(3)])
     await settle()
     first.replies.put_nowait(redis.TimeoutError("Timeout reading from socket"))
     for lost in (*written, being_written):
@@ -217,14 +225,14 @@ async def test_a_connection_that_cannot_be_opened_fails_its_calls_as_unsent(
         pool: ScriptedPool) -> None:
     pool.refuse = redis.ConnectionError("Connection refused")
     shared = SharedConnection(pool)
-    calls = [asyncio.ensure_future(shared.exchange([cmd(n)])) for n in range(2)]
+    calls = [caller(shared, [cmd(n)]) for n in range(2)]
     for call in calls:
         with pytest.raises(redis.ConnectionError) as failure:
             await call
         assert was_unsent(failure.value)  # nothing was written: the protocol may send again
     assert failure.value.__cause__ is not None
     pool.refuse = None
-    again = asyncio.ensure_future(shared.exchange([cmd(9)]))
+    again = caller(shared, [cmd(9)])
     await settle()
     pool.handed[0].replies.put_nowait("ok")
     assert await again == ["ok"]
@@ -233,13 +241,13 @@ async def test_a_connection_that_cannot_be_opened_fails_its_calls_as_unsent(
 async def test_a_connection_closed_while_idle_is_reconnected_before_the_write(
         pool: ScriptedPool) -> None:
     shared = SharedConnection(pool)
-    call = asyncio.ensure_future(shared.exchange([cmd(1)]))
+    call = caller(shared, [cmd(1)])
     await settle()
     conn, = pool.handed
     conn.replies.put_nowait(1)
     await call
     conn.waiting_data = True  # the server closed it (an idle timeout, a restart)
-    second = asyncio.ensure_future(shared.exchange([cmd(2)]))
+    second = caller(shared, [cmd(2)])
     await settle()
     assert conn.disconnects == 1 and conn.is_connected  # reconnected before writing
     conn.replies.put_nowait(2)

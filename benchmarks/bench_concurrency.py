@@ -1,0 +1,286 @@
+"""Many decisions in flight at once (issue 39): asyncio tasks in one process, one run, every
+contender on the allowed path with its own keys.
+
+    .venv/bin/python benchmarks/bench_concurrency.py [--tasks 64] [--seconds 1.5] [--rounds 5]
+        [--json PATH]
+
+Uses REDIS_URL if set (loopback only), else starts its own loopback server. Contenders, each
+with ``--tasks`` asyncio tasks, every task cycling through identities of its own under a quota
+no call exhausts:
+
+- a bare redis-py asyncio ``INCR`` (one ``redis.asyncio.Redis``, its default pool): the floor
+  every ratio is taken against;
+- ours, ``Policy.ahit``, fixed window and GCRA, with automatic pipelining (``PIPELINING``, the
+  default) and without it (``PIPELINING = False``: a connection per call);
+- throttled-py's asyncio ``Throttled`` (fixed window, GCRA) and limits' ``limits.aio`` (fixed
+  window, sliding window counter), when installed (``python3 dev.py bench`` installs them).
+
+One round measures every contender for ``--seconds`` each, in a shuffled (seeded) order; the
+figures are medians over ``--rounds`` rounds: decisions/s, its ratio to ``INCR`` within the same
+round, and the Redis main thread's CPU per decision (``INFO cpu``: ``used_cpu_*_main_thread``,
+or the process's where the server has no per-thread figure). Then one decision alone: the
+median latency of ``--lone`` sequential calls of each, as a ratio to a lone ``INCR``. Every
+loop is bounded by count and by time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+Call = Callable[[str], Awaitable[Any]]
+QUOTA = 10**9  # no call is ever denied: the allowed path only
+
+
+@dataclass
+class Contender:
+    name: str
+    make: Callable[[], Call]  # called on the benchmark's loop: clients belong to a loop
+    pipelining: bool | None = None  # ours: the PIPELINING setting it runs with
+
+
+def setup_django(url: str) -> None:
+    import django
+    from django.conf import settings
+
+    settings.configure(INSTALLED_APPS=["django_redislua"],
+                       REDISLUA={"CONNECTION": url, "METRICS": []})
+    django.setup()
+
+
+def check_loopback(url: str) -> None:
+    host = urlsplit(url).hostname or ""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise SystemExit(f"REDIS_URL {url!r} is not a loopback address: this benchmark floods it")
+
+
+def contenders(url: str) -> list[Contender]:
+    import redis.asyncio
+
+    from django_redislua import Policy
+
+    def bare_incr() -> Call:
+        client = redis.asyncio.Redis.from_url(url)
+        return client.incr
+
+    def ours(algorithm: str) -> Callable[[], Call]:
+        def make() -> Call:
+            return Policy(f"bench-{algorithm}", rate=f"{QUOTA}/h", algorithm=algorithm).ahit
+        return make
+
+    found = [Contender("redis-py INCR", bare_incr)]
+    for algorithm in ("fixed_window", "gcra"):
+        found.append(Contender(f"ours {algorithm}", ours(algorithm), pipelining=True))
+        found.append(Contender(f"ours {algorithm}, PIPELINING=False", ours(algorithm),
+                               pipelining=False))
+    found += throttled_peers(url) + limits_peers(url)
+    return found
+
+
+def throttled_peers(url: str) -> list[Contender]:
+    try:
+        from throttled.asyncio import RedisStore, Throttled, per_hour
+    except ImportError:
+        return []
+
+    def make(using: str) -> Callable[[], Call]:
+        def made() -> Call:
+            throttle = Throttled(using=using, quota=per_hour(QUOTA),
+                                 store=RedisStore(server=url))
+            return throttle.limit
+        return made
+
+    return [Contender(f"throttled-py asyncio {using}", make(using))
+            for using in ("fixed_window", "gcra")]
+
+
+def limits_peers(url: str) -> list[Contender]:
+    try:
+        from limits import parse
+        from limits.aio import storage, strategies
+    except ImportError:
+        return []
+    quota = parse(f"{QUOTA}/hour")
+
+    def make(strategy: Any) -> Callable[[], Call]:
+        def made() -> Call:
+            limiter = strategy(storage.RedisStorage(f"async+{url}", implementation="redispy"))
+            return lambda key: limiter.hit(quota, key)
+        return made
+
+    return [Contender(f"limits.aio {name}", make(strategy)) for name, strategy in (
+        ("fixed window", strategies.FixedWindowRateLimiter),
+        ("sliding counter", strategies.SlidingWindowCounterRateLimiter))]
+
+
+def server_cpu(client: Any) -> float:
+    info = client.info("cpu")
+    if "used_cpu_user_main_thread" in info:
+        return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+async def rate(call: Call, tasks: int, seconds: float, tag: str) -> int:
+    """Decisions made by ``tasks`` tasks in ``seconds`` (each at most 10**6)."""
+    deadline = time.perf_counter() + seconds
+
+    async def worker(i: int) -> int:
+        done = 0
+        names = [f"{tag}:{i}:{n}" for n in range(16)]
+        for name in itertools.islice(itertools.cycle(names), 10**6):
+            await call(name)
+            done += 1
+            if done % 16 == 0 and time.perf_counter() >= deadline:
+                break
+        return done
+
+    return sum(await asyncio.gather(*(worker(i) for i in range(tasks))))
+
+
+async def lone(call: Call, count: int, tag: str) -> float:
+    """The median latency (us) of ``count`` sequential calls."""
+    times = []
+    for n in range(count):
+        start = time.perf_counter()
+        await call(f"{tag}:lone:{n % 16}")
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def switched(pipelining: bool | None) -> Any:
+    from django.conf import settings
+    from django.test import override_settings
+
+    if pipelining is None:
+        return override_settings()
+    return override_settings(REDISLUA={**settings.REDISLUA, "PIPELINING": pipelining})
+
+
+async def measure(found: list[Contender], args: argparse.Namespace, sync_client: Any
+                  ) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    rounds: list[dict[str, dict[str, float]]] = []
+    for round_ in range(args.rounds):
+        order = list(found)
+        rng.shuffle(order)
+        got: dict[str, dict[str, float]] = {}
+        for contender in order:
+            with switched(contender.pipelining):
+                call = contender.make()
+                await rate(call, args.tasks, 0.2, f"warm{round_}")  # connections, scripts
+                cpu = server_cpu(sync_client)
+                start = time.perf_counter()
+                done = await rate(call, args.tasks, args.seconds, f"r{round_}")
+                elapsed = time.perf_counter() - start
+                used = server_cpu(sync_client) - cpu
+            got[contender.name] = {"per_s": done / elapsed, "server_us": used / done * 1e6}
+        base = got["redis-py INCR"]["per_s"]
+        for figures in got.values():
+            figures["ratio"] = figures["per_s"] / base
+        rounds.append(got)
+        print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
+    lone_us: dict[str, list[float]] = {contender.name: [] for contender in found}
+    for _ in range(3):
+        for contender in found:
+            with switched(contender.pipelining):
+                call = contender.make()
+                await lone(call, 50, "lonewarm")
+                lone_us[contender.name].append(await lone(call, args.lone, "lone"))
+    results = {}
+    for contender in found:
+        name = contender.name
+        lone_median = statistics.median(lone_us[name])
+        results[name] = {
+            "per_s": statistics.median(r[name]["per_s"] for r in rounds),
+            "ratio": statistics.median(r[name]["ratio"] for r in rounds),
+            "ratio_range": [min(r[name]["ratio"] for r in rounds),
+                            max(r[name]["ratio"] for r in rounds)],
+            "server_us": statistics.median(r[name]["server_us"] for r in rounds),
+            "lone_us": lone_median,
+            "lone_ratio": lone_median / statistics.median(lone_us["redis-py INCR"]),
+        }
+    return results
+
+
+def report(results: dict[str, Any], args: argparse.Namespace) -> None:
+    print(f"\n{args.tasks} asyncio tasks, {args.rounds} rounds of {args.seconds:g} s each "
+          f"(medians; ratio: to redis-py INCR in the same round, [min-max] over rounds)")
+    print(f"{'contender':42} {'decisions/s':>12} {'x INCR':>7} {'range':>13} "
+          f"{'server us':>10} {'lone x INCR':>12}")
+    for name, r in results.items():
+        low, high = r["ratio_range"]
+        print(f"{name:42} {r['per_s']:12,.0f} {r['ratio']:7.2f} {low:6.2f}-{high:<6.2f} "
+              f"{r['server_us']:10.1f} {r['lone_ratio']:12.2f}")
+    ours = {name: r for name, r in results.items() if name.startswith("ours")
+            and "PIPELINING=False" not in name}
+    peers = {name: r for name, r in results.items()
+             if not name.startswith(("ours", "redis-py"))}
+    print("\nissue 39's criteria (this run):")
+    for name, r in ours.items():
+        unpipelined = results[f"{name}, PIPELINING=False"]
+        checks = [
+            ("x bare INCR >= 2.0", r["ratio"], r["ratio"] >= 2.0),
+            ("lone x INCR <= 1.03", r["lone_ratio"], r["lone_ratio"] <= 1.03),
+            ("server CPU x unpipelined <= 0.6", r["server_us"] / unpipelined["server_us"],
+             r["server_us"] / unpipelined["server_us"] <= 0.6),
+        ]
+        checks += [(f"x {peer} >= 2.0", r["per_s"] / p["per_s"], r["per_s"] / p["per_s"] >= 2.0)
+                   for peer, p in peers.items()]
+        for what, value, ok in checks:
+            print(f"  {name:22} {what:42} {value:6.2f}  {'OK' if ok else 'FAIL'}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=1.5)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--lone", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=39)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    from django_redislua.testing import RedisServer
+
+    url = os.environ.get("REDIS_URL")
+    server = None
+    if url is None:
+        server = RedisServer()
+        server.start()
+        url = server.url
+    check_loopback(url)
+    try:
+        setup_django(url)
+        import redis
+
+        sync_client = redis.Redis.from_url(url)
+        print(f"Python {platform.python_version()}, redis-py {redis.__version__}, "
+              f"server {sync_client.info('server')['redis_version']}", file=sys.stderr)
+        found = contenders(url)
+        results = asyncio.run(measure(found, args, sync_client))
+        report(results, args)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
