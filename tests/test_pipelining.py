@@ -214,3 +214,25 @@ def test_a_redis_error_reply_reaches_only_its_caller() -> None:
     assert first == [True] or first == [b"OK"] or first == ["OK"]
     assert isinstance(error[0], redis.ResponseError)
     assert last == [b"1"] or last == ["1"]
+
+
+async def test_settings_changes_close_the_shared_connections_they_drop() -> None:
+    """Each settings change drops the loop's transport and its client: the shared connection
+    goes with the client's pool, and the server's connection count stays bounded."""
+    policy = Policy("pl-churn", rate="5/m", algorithm="gcra")
+
+    def connected() -> int:
+        return int(get_client().info("clients")["connected_clients"])
+
+    before = None
+    for round_ in range(60):
+        with override_settings(REDISLUA={**REDISLUA, "PIPELINING": True,
+                                         "KEY_PREFIX": f"plchurn{round_}"}):
+            assert (await asyncio.gather(policy.ahit("k"), policy.ahit("k")))[1].allowed
+            shared()
+            if round_ == 5:
+                before = await asyncio.to_thread(connected)
+        await asyncio.sleep(0)  # a dropped client closes on this loop
+    assert before is not None
+    await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(connected) <= before + 2
