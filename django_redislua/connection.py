@@ -240,6 +240,15 @@ def _aclose(client: AsyncClient) -> Awaitable[list[None]]:
     return asyncio.gather(client.aclose(), *(sentinel.aclose() for sentinel in sentinels))
 
 
+def _closed(task: asyncio.Future[Any]) -> None:
+    """A close has ended. One the loop's shutdown cancelled (a settings change just before
+    ``asyncio.run`` returned) is consumed, not logged as never retrieved: the client's closer
+    closes it as the loop shuts down (``_close_with_loop``)."""
+    _closing.discard(task)
+    if not task.cancelled():
+        task.exception()
+
+
 def _close_soon(loop: asyncio.AbstractEventLoop, client: AsyncClient) -> None:
     """Close a dropped asyncio client on its own loop (it cannot be closed from another)."""
     if loop.is_closed():
@@ -248,7 +257,7 @@ def _close_soon(loop: asyncio.AbstractEventLoop, client: AsyncClient) -> None:
     def schedule() -> None:
         task = asyncio.ensure_future(_aclose(client), loop=loop)
         _closing.add(task)
-        task.add_done_callback(_closing.discard)
+        task.add_done_callback(_closed)
 
     try:
         running = asyncio.get_running_loop()

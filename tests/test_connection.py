@@ -154,6 +154,36 @@ def test_async_clients_of_short_lived_loops_are_closed_with_them():
     assert len(_async_clients) == 0
 
 
+def test_a_settings_change_as_its_loop_ends_closes_both_clients_quietly(caplog) -> None:
+    """An async test that changes settings and returns: the dropped client's close, started
+    on the loop, is cancelled by asyncio.run's shutdown. It is not logged as an exception
+    never retrieved, and both clients are closed all the same (each closer runs as the loop
+    shuts down)."""
+    import gc
+    import logging
+
+    from django.conf import settings as django_settings
+
+    from django_redislua import Policy
+
+    control = redis.Redis.from_url(django_settings.REDISLUA["CONNECTION"])
+    policy = Policy("late-change", rate="10/h")
+
+    async def main() -> None:
+        await policy.ahit("a")
+        with override_settings(REDISLUA={**django_settings.REDISLUA, "KEY_PREFIX": "late"}):
+            await policy.ahit("a")
+
+    with override_settings(REDISLUA=dict(django_settings.REDISLUA)):
+        pass  # the clients built so far dropped (the sync one's idle connections closed)
+    before = int(control.info("clients")["connected_clients"])
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(main())
+        gc.collect()
+    assert "never retrieved" not in caplog.text
+    assert int(control.info("clients")["connected_clients"]) == before
+
+
 @pytest.mark.django_db
 def test_async_view_under_wsgi_builds_no_client_per_request(r: redis.Redis) -> None:
     """Django's sync test client is a WSGI handler: it runs an async view through async_to_sync,
