@@ -106,8 +106,13 @@ def channel(path: str) -> lean.KeptConnections | None:
     lean_or_skip(path)
     source = get_transport().source  # type: ignore[attr-defined]
     found = source if isinstance(source, lean.KeptConnections) else None
-    assert found is not None if path in (LEAN, PIPELINED) else found is None
+    assert found is not None if lean_path(path) else found is None
     return found
+
+
+def lean_path(path: str) -> bool:
+    """Whether ``path`` keeps connections (pipelining's other calls do where lean can)."""
+    return path == LEAN or (path == PIPELINED and lean.SUPPORTED)
 
 
 def achannel(path: str) -> lean.AsyncKeptConnections | None:
@@ -116,7 +121,7 @@ def achannel(path: str) -> lean.AsyncKeptConnections | None:
     assert (transport.shared is not None) == (path == PIPELINED)  # type: ignore[attr-defined]
     source = transport.source  # type: ignore[attr-defined]
     found = source if isinstance(source, lean.AsyncKeptConnections) else None
-    assert found is not None if path in (LEAN, PIPELINED) else found is None
+    assert found is not None if lean_path(path) else found is None
     return found
 
 
