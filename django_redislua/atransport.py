@@ -249,9 +249,8 @@ class AsyncServerTransport(AsyncTransport):
         return aexchange(self.source, commands)
 
     def loaded(self, op: Load) -> Any:
-        if self.shared is not None:  # on the connection the calls that need it go on
-            return self.shared.exchange((op.command,))
-        return aexchange(self.source, (op.command,))
+        # With pipelining, on the shared connection the calls that need the script go on.
+        return self.exchanged([op.command])
 
 
 class AsyncClusterTransport(AsyncTransport):

@@ -82,15 +82,35 @@ PLAIN_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool,
                redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool)
 
 
+def plain(pool: Any) -> bool:
+    """A plain pool (sync or asyncio) without client-side caching: one whose connections may be
+    kept out of it between calls (here, and by django_redislua/pipelining.py)."""
+    return (type(pool) in PLAIN_POOLS and getattr(pool, "cache", None) is None
+            and not pool.connection_kwargs.get("cache_config"))
+
+
 def eligible(pool: Any) -> bool:
     """Whether a transport to ``pool``'s server keeps connections (see the module docstring)."""
-    return (
-        SUPPORTED
-        and settings.LEAN_CALLS
-        and type(pool) in PLAIN_POOLS
-        and getattr(pool, "cache", None) is None
-        and not pool.connection_kwargs.get("cache_config")
-    )
+    return SUPPORTED and settings.LEAN_CALLS and plain(pool)
+
+
+# The pool's own check of an asyncio connection it hands out: ``can_read`` since redis-py 8.0,
+# which deprecates ``can_read_destructive`` (the only one before).
+ASYNC_CAN_READ = ("can_read" if hasattr(redis.asyncio.connection.Connection, "can_read")
+                  else "can_read_destructive")
+
+
+async def arefreshed(conn: Connection) -> None:
+    """Check a kept asyncio connection as the pool checks one it hands out: data waiting (a
+    push message, a reply nobody read) or a socket the server closed means a reconnect, before
+    anything is sent on it (a failure here sent nothing)."""
+    try:
+        if conn.is_connected and await getattr(conn, ASYNC_CAN_READ)():
+            await conn.disconnect()
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        await conn.disconnect()
+    if not conn.is_connected:
+        await conn.connect()
 
 
 def packer(pool: Any) -> Any:
@@ -220,13 +240,7 @@ class AsyncKeptConnections:
             return conn
         conn = self._idle.pop()
         try:
-            try:
-                if conn.is_connected and await conn.can_read():
-                    await conn.disconnect()
-            except (redis.ConnectionError, redis.TimeoutError, OSError):
-                await conn.disconnect()
-            if not conn.is_connected:
-                await conn.connect()  # before the send: a failure here sent nothing
+            await arefreshed(conn)
         except BaseException:
             self._idle.append(conn)
             raise

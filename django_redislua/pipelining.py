@@ -40,8 +40,8 @@ import asyncio
 import contextlib
 import copy
 from collections import deque
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Generator, Sequence
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
@@ -52,9 +52,13 @@ from django_redislua import lean
 from django_redislua.conf import settings
 from django_redislua.connection import checkout
 from django_redislua.drivers import adrive
-from django_redislua.protocol import Protocol, unsent
+from django_redislua.protocol import unsent
 
 Command = tuple[Any, ...]
+T = TypeVar("T")
+# The writer's and the reader's steps: generators that yield awaitables (redis-py's connection
+# calls), awaited by drivers.adrive through AWAITED, not the protocols' operations.
+Steps = Generator[Any, Any, T]
 
 # The most commands one write carries: a bound on a batch's buffer, not a window (the rest go
 # out in the next write, at once).
@@ -64,20 +68,11 @@ MAX_BATCH = 512
 BLOCKING = frozenset({"WAIT", "WAITAOF", "BLPOP", "BRPOP", "BLMOVE", "BRPOPLPUSH", "BZPOPMIN",
                       "BZPOPMAX", "BLMPOP", "BZMPOP", "XREAD", "XREADGROUP"})
 
-PLAIN_POOLS = (redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool)
-
-
-# The pool's own check of a connection it hands out: ``can_read`` since redis-py 8.0, which
-# deprecates the older ``can_read_destructive`` (the only one up to 7.x).
-CAN_READ = ("can_read" if hasattr(redis.asyncio.connection.Connection, "can_read")
-            else "can_read_destructive")
-
-
 def has_connection_api() -> bool:
     """Feature test (docs/versions.md): the asyncio connection methods the shared connection
     uses, public on every redis-py the package supports."""
-    needed = ("is_connected", CAN_READ, "connect", "disconnect", "send_packed_command",
-              "read_response", "pack_commands")
+    needed = ("is_connected", lean.ASYNC_CAN_READ, "connect", "disconnect",
+              "send_packed_command", "read_response", "pack_commands")
     return all(hasattr(redis.asyncio.connection.Connection, name) for name in needed)
 
 
@@ -85,16 +80,9 @@ SUPPORTED = has_connection_api()
 
 
 def eligible(pool: Any) -> bool:
-    """Whether a server's asyncio transport shares a connection: the setting, a plain pool of
-    at least two connections (one stays for everything else), no client-side caching."""
-    return (
-        SUPPORTED
-        and settings.PIPELINING
-        and type(pool) in PLAIN_POOLS
-        and pool.max_connections >= 2
-        and getattr(pool, "cache", None) is None
-        and not pool.connection_kwargs.get("cache_config")
-    )
+    """Whether a server's asyncio transport shares a connection: the setting, a plain pool
+    (:func:`lean.plain`) of at least two connections (one stays for everything else)."""
+    return SUPPORTED and settings.PIPELINING and lean.plain(pool) and pool.max_connections >= 2
 
 
 def shares(commands: Sequence[Command]) -> bool:
@@ -113,10 +101,10 @@ class _Exchange:
         self.replies: list[Any] = []
 
 
-def _fail(exchanges: Any, failure: Exception | None,
-          mark: Any = None) -> None:
-    """Each caller still waiting gets its own copy of ``failure`` (``mark``-ed: ``unsent``);
-    None: the calls are cancelled (the task that would send or read them was)."""
+def _fail(exchanges: Any, failure: Exception | None, nothing_sent: bool = False) -> None:
+    """Each caller still waiting gets its own copy of ``failure`` (marked :func:`unsent` when
+    ``nothing_sent``); None: the calls are cancelled (the task that would send or read them
+    was)."""
     for exchange in exchanges:
         if exchange.future.done():
             continue
@@ -124,11 +112,11 @@ def _fail(exchanges: Any, failure: Exception | None,
             exchange.future.cancel()
         else:
             mine = _own_copy(failure)
-            if mark is not None:
-                # A failure only a class of its own can be marked with (a built-in exception
-                # takes no weak reference): unmarked, the call counts as possibly sent.
+            if nothing_sent:
+                # A failure only a class of its own can be marked (a built-in exception takes
+                # no weak reference): unmarked, the call counts as possibly sent.
                 with contextlib.suppress(TypeError):
-                    mine = mark(mine)
+                    mine = unsent(mine)
             exchange.future.set_exception(mine)
 
 
@@ -201,7 +189,7 @@ class SharedConnection:
     # The writer and the reader are generators yielding what to await, run by the asyncio
     # driver (drivers.adrive), as every protocol is: their decisions are plain code.
 
-    def _writing(self) -> Protocol[None]:
+    def _writing(self) -> Steps[None]:
         """The writer task: what is pending, a batch per write, until nothing is."""
         while self._pending:
             batch = self._batch()
@@ -210,7 +198,7 @@ class SharedConnection:
             try:
                 conn = yield from self._ready()
             except Exception as exc:  # nothing of this batch was written: unsent
-                _fail(batch, exc, unsent)
+                _fail(batch, exc, nothing_sent=True)
                 continue
             except BaseException:  # this task cancelled (its loop closing): so are the calls
                 _fail(batch, None)
@@ -236,7 +224,7 @@ class SharedConnection:
             finally:
                 yield from self._leave(conn)
 
-    def _ready(self) -> Protocol[Any]:
+    def _ready(self) -> Steps[Any]:
         """The connection to write on: connected, and, when nothing is in flight on it,
         checked as the pool checks one it hands out (data waiting, or closed by the server,
         means a new connection)."""
@@ -244,18 +232,11 @@ class SharedConnection:
         if conn is None:
             conn = self._conn = yield self._checkout()  # connected and checked by the pool
             return conn
-        if self._in_flight:
-            return conn
-        try:
-            if conn.is_connected and (yield getattr(conn, CAN_READ)()):
-                yield conn.disconnect()
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            yield conn.disconnect()
-        if not conn.is_connected:
-            yield conn.connect()  # before the write: a failure here sent nothing
+        if not self._in_flight:
+            yield lean.arefreshed(conn)
         return conn
 
-    def _reading_replies(self, conn: Any) -> Protocol[None]:
+    def _reading_replies(self, conn: Any) -> Steps[None]:
         """The reader task of ``conn``: each reply to its caller, in order, while any is
         awaited there."""
         self._enter(conn)
@@ -291,7 +272,7 @@ class SharedConnection:
     def _enter(self, conn: Any) -> None:
         self._using[conn] = self._using.get(conn, 0) + 1
 
-    def _leave(self, conn: Any) -> Protocol[None]:
+    def _leave(self, conn: Any) -> Steps[None]:
         left = self._using[conn] - 1
         if left:
             self._using[conn] = left
