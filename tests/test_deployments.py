@@ -10,6 +10,7 @@ headers: proof that Redis decided. (FAIL_OPEN would admit all four, with no head
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -199,6 +200,22 @@ def test_sync_view(deployed: str, caplog: pytest.LogCaptureFixture) -> None:
 async def test_async_view(deployed: str) -> None:
     client = AsyncClient()
     assert_redis_decided([await client.get("/m/async/") for _ in range(4)])
+
+
+async def test_async_view_pipelined(deployed: str) -> None:
+    """``PIPELINING = True``: the four requests at once share one connection where the server
+    is a single one (a password, an ACL user, TLS, a unix socket: the pool's own handshake),
+    and take a connection each on a cluster or through Sentinel; Redis decides either way."""
+    from django_redislua.atransport import get_async_transport
+
+    with override_settings(REDISLUA={**settings.REDISLUA, "PIPELINING": True}):
+        client = AsyncClient()
+        responses = await asyncio.gather(*(client.get("/m/async/") for _ in range(4)))
+        shared = getattr(get_async_transport(), "shared", None)  # a server's transport's only
+    assert sorted(r.status_code for r in responses) == [200, 200, 200, 429]
+    for response in responses:
+        assert response.has_header("RateLimit") and response.has_header("RateLimit-Policy")
+    assert (shared is not None) == (not deployed.startswith(("cluster", "Sentinel")))
 
 
 def test_async_view_under_wsgi(deployed: str) -> None:

@@ -206,9 +206,13 @@ class paused:
     a call that gives up meanwhile gave up on its own timeout, not on an answer. (``CLIENT
     PAUSE ... ALL`` cannot be lifted early: ``CLIENT UNPAUSE`` waits it out too.)"""
 
-    def __init__(self, server: RedisServer) -> None:
-        assert server.process is not None
-        self.pid = server.process.pid
+    def __init__(self, server: RedisServer | int) -> None:
+        """``server``: a server this test started, or a server's process id."""
+        if isinstance(server, int):
+            self.pid = server
+        else:
+            assert server.process is not None
+            self.pid = server.process.pid
 
     def __enter__(self) -> None:
         os.kill(self.pid, signal.SIGSTOP)

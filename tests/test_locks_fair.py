@@ -68,10 +68,11 @@ def until(condition: Callable[[], bool], seconds: float = 5.0, what: str = "cond
         time.sleep(0.005)
 
 
-async def auntil(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+async def auntil(condition: Callable[[], bool], seconds: float = 5.0,
+                 what: str = "condition") -> None:
     deadline = time.monotonic() + seconds
     while not condition():
-        assert time.monotonic() < deadline
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.005)
 
 

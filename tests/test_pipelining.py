@@ -11,11 +11,6 @@ tests/test_lost_replies.py run their asyncio calls on it too, alone in their bat
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +24,8 @@ from django_redislua.connection import CLIENT_ERRORS, get_client
 from django_redislua.recipes import CappedCounter, RecipeUnavailable
 from django_redislua.testing import CommandRecorder
 from tests.settings import REDISLUA
+from tests.test_lean_path import paused
+from tests.test_locks_fair import auntil
 
 
 @pytest.fixture(autouse=True)
@@ -56,18 +53,8 @@ def reads_processed() -> int:
     return int(get_client().info("stats")["total_reads_processed"])
 
 
-@contextlib.contextmanager
-def stopped(seconds: float) -> Iterator[None]:
-    """The server stopped (SIGSTOP) now, resumed ``seconds`` of wall time later by a thread:
-    what is sent meanwhile waits in its socket and runs when the server resumes."""
-    pid = int(get_client().info("server")["process_id"])
-    os.kill(pid, signal.SIGSTOP)
-    resume = threading.Thread(target=lambda: (time.sleep(seconds), os.kill(pid, signal.SIGCONT)))
-    resume.start()
-    try:
-        yield
-    finally:
-        resume.join()
+def server_pid() -> int:
+    return int(get_client().info("server")["process_id"])
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -119,7 +106,9 @@ async def test_replies_lost_with_their_batch_are_each_applied_once(
     policy = Policy("lost-batch", rate="100/h", algorithm="fixed_window")
     counter = CappedCounter("lost-batch", cap=100, ttl="1h")
     assert (await policy.ahit("warm")).allowed and (await counter.aadd("warm")).accepted
-    with stopped(1.0):  # past the 0.4 s socket timeout: every reply of the batch is lost
+    # Stopped until every call of the batch has given up on its reply (the 0.4 s socket
+    # timeout); what was written waits in the socket and runs when the server resumes.
+    with paused(server_pid()):
         hits = [asyncio.ensure_future(policy.ahit(f"user{n}")) for n in range(8)]
         adds = [asyncio.ensure_future(counter.aadd(f"item{n}")) for n in range(4)]
         outcomes = await asyncio.gather(*hits, *adds, return_exceptions=True)
@@ -130,10 +119,8 @@ async def test_replies_lost_with_their_batch_are_each_applied_once(
         return ([100 - policy.peek(f"user{n}").remaining for n in range(8)],
                 [counter.value(f"item{n}") for n in range(4)])
 
-    deadline = time.monotonic() + 5
-    while applied() != ([1] * 8, [1] * 4):  # the server ran what waited in its socket
-        assert time.monotonic() < deadline, applied()
-        await asyncio.sleep(0.01)
+    await auntil(lambda: applied() == ([1] * 8, [1] * 4),  # the server ran what waited
+                 what="the lost calls to run")
     # ...once: nothing was sent again, then or with the next calls.
     assert (await policy.ahit("user0")).remaining == 98
     assert applied() == ([2] + [1] * 7, [1] * 4)
@@ -144,23 +131,23 @@ async def test_tasks_cancelled_in_a_batch_leave_no_slot_and_the_others_get_their
     gauge = Policy("cancel-batch-gauge", rate="100/h", algorithm="fixed_window")
     await policy.apeek("warm")
     key = policy.redis_key("k")
-    with stopped(0.3):
+    with paused(server_pid()):  # until the cancellations are made: none can be answered first
         slots = [asyncio.ensure_future(policy.ahit("k")) for _ in range(6)]
         hits = [asyncio.ensure_future(gauge.ahit(f"user{n}")) for n in range(3)]
-        await asyncio.sleep(0.05)  # all written, the server stopped before reading them
+        connection = shared()
+        await auntil(lambda: len(connection._in_flight) == 9 and connection._writer is not None
+                     and connection._writer.done(), what="the 9 calls to be written")
         for task in slots[:3]:
-            task.cancel()
-        kept = await asyncio.gather(*slots[3:])
-        counted = await asyncio.gather(*hits)
+            task.cancel()  # their futures too, at once: their replies will be dropped
+    kept = await asyncio.gather(*slots[3:])
+    counted = await asyncio.gather(*hits)
     for task in slots[:3]:
         with pytest.raises(asyncio.CancelledError):
             await task
     assert all(decision.allowed and decision.lease for decision in kept)
     assert [decision.remaining for decision in counted] == [99, 99, 99]  # each its own reply
-    deadline = time.monotonic() + 5
-    while get_client().zcard(key) != 3:  # the cancelled ones gave back what they took
-        assert time.monotonic() < deadline, get_client().zrange(key, 0, -1)
-        await asyncio.sleep(0.01)
+    await auntil(lambda: get_client().zcard(key) == 3,  # the cancelled gave back what they took
+                 what="the cancelled calls' slots to be given back")
     await asyncio.gather(*(policy.arelease("k", decision) for decision in kept))
     assert get_client().zcard(key) == 0
 
@@ -234,5 +221,4 @@ async def test_settings_changes_close_the_shared_connections_they_drop() -> None
                 before = await asyncio.to_thread(connected)
         await asyncio.sleep(0)  # a dropped client closes on this loop
     assert before is not None
-    await asyncio.sleep(0.05)
-    assert await asyncio.to_thread(connected) <= before + 2
+    await auntil(lambda: connected() <= before + 2, what="the dropped clients to close")
