@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from io import StringIO
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import pytest
 import redis
@@ -170,25 +170,46 @@ def steps(period_us: int) -> st.SearchStrategy[int]:
     )
 
 
+class Scenario(NamedTuple):
+    """A policy, the instant the run starts, and its hits: (step in us, identity, cost), a
+    cost of None being the identity's previous one (1 at first)."""
+
+    policy: Policy
+    start: int
+    hits: list[tuple[int, str, int | None]]
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, algorithm: str) -> Scenario:
+    # Drawn whole, in one strategy built once per policy (not a data.draw per value, which
+    # builds and validates a strategy each time: most of this module's CPU went there).
+    policy = draw(policies(algorithm))
+    assert policy.rate is not None
+    period_us = policy.rate.period_us
+    hit = st.tuples(steps(period_us), st.sampled_from(["alice", "alice", "alice", "bob"]),
+                    st.none() | st.integers(1, policy.limit))
+    start = T + draw(st.integers(0, period_us))
+    count = draw(st.integers(1, 40))  # as many as drawn (a list's own sizes run short)
+    return Scenario(policy, start, draw(st.lists(hit, min_size=count, max_size=count)))
+
+
 # A gating companion policy that always allows: with it, each hit goes through the
 # multi-check plan (engine._Plan) instead of the single-check path (engine._One).
 COMPANION = Policy("companion", rate="1000000/s")
 
 
-def run_model(policy: Policy, data: st.DataObject, tx: TransactionalClient,
-              tally: Counter[str], plan: bool) -> None:
-    assert policy.rate is not None
-    period_us = policy.rate.period_us
+def run_model(scenario: Scenario, tx: TransactionalClient, tally: Counter[str],
+              plan: bool) -> None:
+    policy = scenario.policy
     fixed = policy.code == "fw"
-    now = T + data.draw(st.integers(0, period_us))
+    now = scenario.start
     # identity -> (sent, cost, retry_after us) of Redis's newest denial since it last admitted:
     # what the cache may answer from, and until when.
     source: dict[str, tuple[int, int, int]] = {}
     last_cost: dict[str, int] = {}
-    for _ in range(data.draw(st.integers(1, 40))):
-        now += data.draw(steps(period_us))
-        identity = data.draw(st.sampled_from(["alice", "alice", "alice", "bob"]))
-        cost = data.draw(st.just(last_cost.get(identity, 1)) | st.integers(1, policy.limit))
+    for step, identity, drawn_cost in scenario.hits:
+        now += step
+        cost = last_cost.get(identity, 1) if drawn_cost is None else drawn_cost
         last_cost[identity] = cost
         redis_says = peek(policy, identity, cost, now, tx)  # before the hit: peeks write nothing
         if plan:
@@ -241,12 +262,11 @@ def test_local_denials_are_what_redis_decides_at_that_instant(
     tally: Counter[str] = Counter()
 
     @MODEL_SETTINGS
-    @given(data=st.data())
-    def run(data: st.DataObject) -> None:
+    @given(scenario=scenarios(algorithm))
+    def run(scenario: Scenario) -> None:
         r.flushall()
         denials.forget()
-        run_model(data.draw(policies(algorithm)), data, TransactionalClient(r), tally,
-                  path == "plan")
+        run_model(scenario, TransactionalClient(r), tally, path == "plan")
 
     run()
     # Not vacuous: the cache answered (about a third of all hits do), and Redis denied too.
