@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -95,12 +95,34 @@ class Model:
                 0 if allowed else left, (start, end))
 
 
-@st.composite
-def steps(draw: st.DrawFn, unit: str) -> int:
+def steps(unit: str) -> st.SearchStrategy[int]:
     nominal = NOMINAL[unit]
-    return draw(st.one_of(
+    return st.one_of(
         st.just(0), st.integers(1, 2_000), st.integers(0, 20 * 60 * US),
-        st.integers(0, nominal), st.integers(nominal // 2, 2 * nominal)))
+        st.integers(0, nominal), st.integers(nominal // 2, 2 * nominal))
+
+
+class Scenario(NamedTuple):
+    """A quota's limit, each identity's zone, the instant the run starts, and its hits:
+    (step in us, identity, cost, peek)."""
+
+    limit: int
+    zones: dict[str, str]
+    start: int
+    hits: list[tuple[int, str, int, bool]]
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, unit: str) -> Scenario:
+    # Drawn whole, with strategies built once per run (a data.draw per value built and
+    # validated a strategy each time).
+    limit = draw(st.integers(1, 4), label="limit")
+    zones = {who: draw(st.sampled_from(sorted(ZONES)), label=who) for who in ("alice", "bob")}
+    start = draw(st.sampled_from(EDGES)) - draw(st.integers(0, 3 * HOUR))
+    hit = st.tuples(steps(unit), st.sampled_from(["alice", "alice", "bob"]),
+                    st.integers(1, limit), st.booleans())
+    count = draw(st.integers(1, 25))  # as many as drawn (a list's own sizes run short)
+    return Scenario(limit, zones, start, draw(st.lists(hit, min_size=count, max_size=count)))
 
 
 @pytest.mark.parametrize("path", ["one", "plan"])
@@ -109,23 +131,18 @@ def test_calendar_quotas_match_the_calendar(unit: str, path: str, r: Any) -> Non
     tally = {"denied": 0, "new period": 0}
 
     @MODEL_SETTINGS
-    @given(data=st.data())
-    def run(data: st.DataObject) -> None:
+    @given(scenario=scenarios(unit))
+    def run(scenario: Scenario) -> None:
         r.flushall()
         denials.forget()
-        limit = data.draw(st.integers(1, 4), label="limit")
+        limit, zones = scenario.limit, scenario.zones
         policy = Policy("quota", rate=f"{limit}/{unit}", algorithm="calendar")
-        zones = {who: data.draw(st.sampled_from(sorted(ZONES)), label=who)
-                 for who in ("alice", "bob")}
         zoned = {who: policy.in_zone(ZONES[name]) for who, name in zones.items()}
         model, tx = Model(limit, unit), TransactionalClient(r)
-        now = data.draw(st.sampled_from(EDGES)) - data.draw(st.integers(0, 3 * HOUR))
+        now = scenario.start
         expires: dict[str, int] = {}
-        for _ in range(data.draw(st.integers(1, 25))):
-            now += data.draw(steps(unit))
-            who = data.draw(st.sampled_from(["alice", "alice", "bob"]))
-            cost = data.draw(st.integers(1, limit))
-            peek = data.draw(st.booleans())
+        for step, who, cost, peek in scenario.hits:
+            now += step
             mine = zoned[who]
             if path == "plan" and not peek:
                 decision, other = engine.evaluate(

@@ -64,7 +64,12 @@ def steps(period_us: int) -> st.SearchStrategy[int]:
 
 
 def snapshot(client: redis.Redis, keys: Sequence[str]) -> list[tuple[Any, int]]:
-    return [(client.dump(key), client.pttl(key)) for key in keys]
+    pipe = client.pipeline(transaction=False)  # one round trip: the test's CPU goes there
+    for key in keys:
+        pipe.dump(key)
+        pipe.pttl(key)
+    replies = pipe.execute()
+    return list(zip(replies[::2], replies[1::2], strict=True))
 
 
 def model_for(policy: Policy) -> ref.Model:
@@ -157,13 +162,18 @@ def test_single_policy_matches_model(algorithm: str, data: st.DataObject) -> Non
     policy = data.draw(policies("prop", algorithm))
     model = model_for(policy)
     period_us = policy.param if algorithm == "concurrency" else policy.rate.period_us  # type: ignore[union-attr]
-    now = BASE_US + data.draw(st.integers(0, period_us))
     cost_max = 1 if algorithm == "concurrency" else policy.limit
+    # The run is drawn whole, with strategies built once (a data.draw per value built and
+    # validated a strategy each time): (step, identity, action, cost).
+    now = BASE_US + data.draw(st.integers(0, period_us))
+    count = data.draw(st.integers(1, 20))  # as many as drawn (a list's own sizes run short)
+    hits = data.draw(st.lists(
+        st.tuples(steps(period_us), st.sampled_from(["alice", "bob"]),
+                  st.sampled_from(["hit", "hit", "peek", "release"]), st.integers(1, cost_max)),
+        min_size=count, max_size=count))
     held: list[tuple[str, Decision]] = []
-    for _ in range(data.draw(st.integers(1, 20))):
-        now += data.draw(steps(period_us))
-        identity = data.draw(st.sampled_from(["alice", "bob"]))
-        action = data.draw(st.sampled_from(["hit", "hit", "peek", "release"]))
+    for step, identity, action, cost in hits:
+        now += step
         if action == "release":
             if algorithm == "concurrency" and held:
                 released_identity, decision = held.pop(data.draw(st.integers(0, len(held) - 1)))
@@ -171,7 +181,6 @@ def test_single_policy_matches_model(algorithm: str, data: st.DataObject) -> Non
                 assert isinstance(model, ref.Concurrency)
                 model.release(policy.redis_key(released_identity), decision.lease or "")
             continue
-        cost = data.draw(st.integers(1, cost_max))
         [decision] = run_step(client, tx, [(policy, model, identity, cost)], now, action == "peek")
         if decision.lease is not None:
             held.append((identity, decision))
@@ -202,11 +211,13 @@ def test_multi_policy_gates_match_model(data: st.DataObject, algorithms: list[st
     soft = frozenset(i for i in range(len(chosen)) if data.draw(st.booleans()))
     cost_max = 1 if "concurrency" in algorithms else min(p.limit for p in chosen)
     now = BASE_US + data.draw(st.integers(0, 60_000_000))
-    for _ in range(data.draw(st.integers(1, 20))):
-        now += data.draw(steps(7_000_000))
-        identity = data.draw(st.sampled_from(["u1", "u2"]))
-        cost = data.draw(st.integers(1, cost_max))
-        peek = data.draw(st.booleans())
+    count = data.draw(st.integers(1, 20))  # drawn whole, as in the single-policy test
+    hits = data.draw(st.lists(
+        st.tuples(steps(7_000_000), st.sampled_from(["u1", "u2"]), st.integers(1, cost_max),
+                  st.booleans()),
+        min_size=count, max_size=count))
+    for step, identity, cost, peek in hits:
+        now += step
         checks = [(p, m, identity, cost) for p, m in zip(chosen, models, strict=True)]
         run_step(client, tx, checks, now, peek, soft)
 
