@@ -342,19 +342,22 @@ def test_decisions_overrides_and_resets_match_the_model(algorithm: str, function
                     return found
             return None
 
-        for _ in range(data.draw(st.integers(1, 25))):
-            now += data.draw(properties.steps(period_us))
-            identity = data.draw(st.sampled_from(["alice", "bob"]))
+        # The run is drawn whole, with strategies built once (a data.draw per value built and
+        # validated a strategy each time); each step carries every value an action may use.
+        length = data.draw(st.integers(1, 25))  # as many as drawn (a list's sizes run short)
+        run = data.draw(st.lists(st.tuples(
+            properties.steps(period_us), st.sampled_from(["alice", "bob"]),
+            st.sampled_from(
+                ["hit", "hit", "hit", "peek", "block", "allow", "rate", "clear", "reset"]),
+            st.sampled_from([policy.name, "*"]), st.integers(1_000, 3 * period_us),
+            st.integers(1, 6), st.integers(1, policy.limit)), min_size=length, max_size=length))
+        for step, identity, action, drawn_field, ttl_us, count, cost in run:
+            now += step
             key = policy.redis_key(identity)
-            action = data.draw(st.sampled_from(
-                ["hit", "hit", "hit", "peek", "block", "allow", "rate", "clear", "reset"]))
             if action in ("block", "allow", "rate"):
-                field = data.draw(st.sampled_from([policy.name, "*"])) if action != "rate" \
-                    else policy.name
-                ttl_us = data.draw(st.integers(1_000, 3 * period_us))
+                field = drawn_field if action != "rate" else policy.name
                 target = policy if field == policy.name else "*"
                 if action == "rate":
-                    count = data.draw(st.integers(1, 6))
                     rated = policy.with_rate(f"{count}/{period_us // 1_000_000}s")
                     made = overrides.set_rate(policy, identity, rated.rate_spec, ttl=ttl_us / 1e6,
                                               now_us=now)
@@ -370,7 +373,7 @@ def test_decisions_overrides_and_resets_match_the_model(algorithm: str, function
                 owner.persist(hash_key)
                 continue
             if action == "clear":
-                field = data.draw(st.sampled_from([policy.name, "*"]))
+                field = drawn_field
                 had = table.pop((field, identity), None) is not None
                 assert overrides.clear(policy if field == policy.name else "*", identity) == had
                 continue
@@ -379,7 +382,6 @@ def test_decisions_overrides_and_resets_match_the_model(algorithm: str, function
                 for model in models.values():
                     model.state.pop(key, None)
                 continue
-            cost = data.draw(st.integers(1, policy.limit))
             [decision] = evaluate([(policy, identity, cost)], peek=action == "peek", now_us=now,
                                   client=tx)
             found = live(identity)
