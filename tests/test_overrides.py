@@ -313,114 +313,120 @@ def test_a_shadow_policys_block_is_what_it_would_have_done() -> None:
 
 @pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "concurrency"])
 @pytest.mark.parametrize("functions", [False, True], ids=["evalsha", "functions"])
-@PROPERTY_SETTINGS
-@given(data=st.data())
 def test_decisions_overrides_and_resets_match_the_model(algorithm: str, functions: bool,
-                                                        data: st.DataObject,
                                                         topology: str) -> None:
     """Random hits, peeks, blocks, allows, changed rates, clears, expiries and resets, through
     Redis and through the reference model plus a model of the overrides, agree on every
     Decision field."""
     from tests.settings import REDISLUA
 
+    # The settings change once per test, not per example: each change builds a new client
+    # (on a cluster, its discovery took a third of this test's time).
     with override_settings(REDISLUA={**REDISLUA, "USE_FUNCTIONS": functions}):
-        client = get_client()
-        for _name, node in primary_nodes(client):
-            node.flushall()
-        denials.forget()
-        tx = TransactionalClient(client)
-        policy = data.draw(properties.policies("ovm", algorithm))
-        models = {"base": properties.model_for(policy)}
-        period_us = policy.rate.period_us  # type: ignore[union-attr]
-        now = properties.BASE_US + data.draw(st.integers(0, period_us))
-        table: dict[tuple[str, str], tuple[str, int, Policy | None]] = {}
+        run_overrides_model(algorithm)
 
-        def live(identity: str) -> tuple[str, int, Policy | None] | None:
-            for field in (policy.name, "*"):
-                found = table.get((field, identity))
-                if found is not None and now < found[1]:
-                    return found
-            return None
 
-        # The run is drawn whole, with strategies built once (a data.draw per value built and
-        # validated a strategy each time); each step carries every value an action may use.
-        length = data.draw(st.integers(1, 25))  # as many as drawn (a list's sizes run short)
-        run = data.draw(st.lists(st.tuples(
-            properties.steps(period_us), st.sampled_from(["alice", "bob"]),
-            st.sampled_from(
-                ["hit", "hit", "hit", "peek", "block", "allow", "rate", "clear", "reset"]),
-            st.sampled_from([policy.name, "*"]), st.integers(1_000, 3 * period_us),
-            st.integers(1, 6), st.integers(1, policy.limit)), min_size=length, max_size=length))
-        for step, identity, action, drawn_field, ttl_us, count, cost in run:
-            now += step
-            key = policy.redis_key(identity)
-            if action in ("block", "allow", "rate"):
-                field = drawn_field if action != "rate" else policy.name
-                target = policy if field == policy.name else "*"
-                if action == "rate":
-                    rated = policy.with_rate(f"{count}/{period_us // 1_000_000}s")
-                    made = overrides.set_rate(policy, identity, rated.rate_spec, ttl=ttl_us / 1e6,
-                                              now_us=now)
-                    table[(field, identity)] = ("r", now + ttl_us, rated)
-                else:
-                    made = getattr(overrides, action)(target, identity, ttl=ttl_us / 1e6,
-                                                      now_us=now)
-                    table[(field, identity)] = (action[0], now + ttl_us, None)
-                assert made.expires_at.timestamp() == pytest.approx((now + ttl_us) / 1e6)
-                hash_key = policy.redis_keys(identity)[1]  # real time must not expire it
-                owner = client.get_redis_connection(client.get_node_from_key(hash_key)) \
-                    if isinstance(client, RedisCluster) else client
-                owner.persist(hash_key)
+@PROPERTY_SETTINGS
+@given(data=st.data())
+def run_overrides_model(algorithm: str, data: st.DataObject) -> None:
+    """One example of the test above, under its settings."""
+    client = get_client()
+    for _name, node in primary_nodes(client):
+        node.flushall()
+    denials.forget()
+    tx = TransactionalClient(client)
+    policy = data.draw(properties.policies("ovm", algorithm))
+    models = {"base": properties.model_for(policy)}
+    period_us = policy.rate.period_us  # type: ignore[union-attr]
+    now = properties.BASE_US + data.draw(st.integers(0, period_us))
+    table: dict[tuple[str, str], tuple[str, int, Policy | None]] = {}
+
+    def live(identity: str) -> tuple[str, int, Policy | None] | None:
+        for field in (policy.name, "*"):
+            found = table.get((field, identity))
+            if found is not None and now < found[1]:
+                return found
+        return None
+
+    # The run is drawn whole, with strategies built once (a data.draw per value built and
+    # validated a strategy each time); each step carries every value an action may use.
+    length = data.draw(st.integers(1, 25))  # as many as drawn (a list's sizes run short)
+    run = data.draw(st.lists(st.tuples(
+        properties.steps(period_us), st.sampled_from(["alice", "bob"]),
+        st.sampled_from(
+            ["hit", "hit", "hit", "peek", "block", "allow", "rate", "clear", "reset"]),
+        st.sampled_from([policy.name, "*"]), st.integers(1_000, 3 * period_us),
+        st.integers(1, 6), st.integers(1, policy.limit)), min_size=length, max_size=length))
+    for step, identity, action, drawn_field, ttl_us, count, cost in run:
+        now += step
+        key = policy.redis_key(identity)
+        if action in ("block", "allow", "rate"):
+            field = drawn_field if action != "rate" else policy.name
+            target = policy if field == policy.name else "*"
+            if action == "rate":
+                rated = policy.with_rate(f"{count}/{period_us // 1_000_000}s")
+                made = overrides.set_rate(policy, identity, rated.rate_spec, ttl=ttl_us / 1e6,
+                                          now_us=now)
+                table[(field, identity)] = ("r", now + ttl_us, rated)
+            else:
+                made = getattr(overrides, action)(target, identity, ttl=ttl_us / 1e6,
+                                                  now_us=now)
+                table[(field, identity)] = (action[0], now + ttl_us, None)
+            assert made.expires_at.timestamp() == pytest.approx((now + ttl_us) / 1e6)
+            hash_key = policy.redis_keys(identity)[1]  # real time must not expire it
+            owner = client.get_redis_connection(client.get_node_from_key(hash_key)) \
+                if isinstance(client, RedisCluster) else client
+            owner.persist(hash_key)
+            continue
+        if action == "clear":
+            field = drawn_field
+            had = table.pop((field, identity), None) is not None
+            assert overrides.clear(policy if field == policy.name else "*", identity) == had
+            continue
+        if action == "reset":
+            policy.reset(identity)
+            for model in models.values():
+                model.state.pop(key, None)
+            continue
+        [decision] = evaluate([(policy, identity, cost)], peek=action == "peek", now_us=now,
+                              client=tx)
+        found = live(identity)
+        if found is not None and found[0] in ("b", "a"):
+            if decision.local:  # a denial this process knew before the block: still denied
+                assert found[0] == "b" and not decision.allowed
                 continue
-            if action == "clear":
-                field = drawn_field
-                had = table.pop((field, identity), None) is not None
-                assert overrides.clear(policy if field == policy.name else "*", identity) == had
-                continue
-            if action == "reset":
-                policy.reset(identity)
-                for model in models.values():
-                    model.state.pop(key, None)
-                continue
-            [decision] = evaluate([(policy, identity, cost)], peek=action == "peek", now_us=now,
-                                  client=tx)
-            found = live(identity)
-            if found is not None and found[0] in ("b", "a"):
-                if decision.local:  # a denial this process knew before the block: still denied
-                    assert found[0] == "b" and not decision.allowed
-                    continue
-                ends = found[1]
-                expected = (False, 0, ends - now, ends - now) if found[0] == "b" \
-                    else (True, policy.limit, 0, 0)
-                assert decision.override == ("block" if found[0] == "b" else "allow")
-                assert (decision.allowed, decision.remaining, round(decision.reset_after * 1e6),
-                        round(decision.retry_after * 1e6)) == expected
-                continue
-            rated = found[2] if found is not None else None
-            model = models["base"]
-            limit = policy.limit
-            if rated is not None:  # the changed rate's model on the same state
-                model = properties.model_for(rated)
-                model.state = models["base"].state
-                limit = rated.limit
-            if cost > limit and decision.local:  # a denial known here answers it: denied too
-                assert not decision.allowed
-                continue
-            if cost > limit:  # above the changed rate's capacity: no wait admits it
-                assert (decision.allowed, decision.remaining, decision.retry_after) == \
-                    (False, limit, math.inf)
-                continue
-            outcomes, _ttls = ref.evaluate([(model, key, cost, "")], now, peek=action == "peek")
-            outcome = outcomes[0]
-            assert decision.override == (None if rated is None else "rate")
-            assert decision.limit == limit
-            if decision.local:
-                assert not outcome.allowed
-                assert round(decision.retry_after * 1e6) == outcome.retry_after_us
-                continue
+            ends = found[1]
+            expected = (False, 0, ends - now, ends - now) if found[0] == "b" \
+                else (True, policy.limit, 0, 0)
+            assert decision.override == ("block" if found[0] == "b" else "allow")
             assert (decision.allowed, decision.remaining, round(decision.reset_after * 1e6),
-                    round(decision.retry_after * 1e6)) == (
-                outcome.allowed, outcome.remaining, outcome.reset_after_us, outcome.retry_after_us)
+                    round(decision.retry_after * 1e6)) == expected
+            continue
+        rated = found[2] if found is not None else None
+        model = models["base"]
+        limit = policy.limit
+        if rated is not None:  # the changed rate's model on the same state
+            model = properties.model_for(rated)
+            model.state = models["base"].state
+            limit = rated.limit
+        if cost > limit and decision.local:  # a denial known here answers it: denied too
+            assert not decision.allowed
+            continue
+        if cost > limit:  # above the changed rate's capacity: no wait admits it
+            assert (decision.allowed, decision.remaining, decision.retry_after) == \
+                (False, limit, math.inf)
+            continue
+        outcomes, _ttls = ref.evaluate([(model, key, cost, "")], now, peek=action == "peek")
+        outcome = outcomes[0]
+        assert decision.override == (None if rated is None else "rate")
+        assert decision.limit == limit
+        if decision.local:
+            assert not outcome.allowed
+            assert round(decision.retry_after * 1e6) == outcome.retry_after_us
+            continue
+        assert (decision.allowed, decision.remaining, round(decision.reset_after * 1e6),
+                round(decision.retry_after * 1e6)) == (
+            outcome.allowed, outcome.remaining, outcome.reset_after_us, outcome.retry_after_us)
 
 
 def test_a_blocked_request_is_a_429_for_the_blocks_time_and_the_signal_says_so() -> None:
