@@ -3,11 +3,13 @@ flight share one connection, its writes and its reads.
 
 Without it, 64 tasks deciding at once take 64 connections, and each call is its own write, its
 own read and its own wake-up of Redis. With it (``REDISLUA["PIPELINING"] = True``; off by
-default, as a lone call pays two hand-offs through the loop, the writer's and the reader's), a
-server's asyncio transport keeps one connection of the pool checked out, and:
+default, as a lone call pays a hand-off through the loop, the reader's), a server's asyncio
+transport keeps one connection of the pool checked out, and:
 
-- every call made in one iteration of the event loop goes out in **one write**, at the end of
-  that iteration (no timer: a call alone goes out as soon as its task yields, and pays no window);
+- a call made while nothing else is written, pending or awaited is written at once by its own
+  task (no timer, no hand-off: a call alone pays no window);
+- the calls made while one is being written, in one iteration of the event loop, go out in
+  **one write** at the end of that iteration, from a writer task;
 - calls made while earlier replies are awaited are written at once behind them (Redis answers a
   connection's commands in order), and one task reads the replies back, in order, to each
   caller;
@@ -40,7 +42,7 @@ import asyncio
 import contextlib
 import copy
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Awaitable, Generator, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -143,7 +145,7 @@ class SharedConnection:
         self._conn: Any = None
         self._pending: deque[_Exchange] = deque()  # not written yet
         self._in_flight: deque[_Exchange] = deque()  # written, replies awaited in this order
-        self._writer: asyncio.Task[None] | None = None
+        self._writing = False  # a writer (a task, or a caller alone) is writing
         self._reader: asyncio.Task[None] | None = None
         self._reading: Any = None  # the connection a reader task reads, if one runs
         # Tasks using each connection (the writer while it writes, the reader while it reads):
@@ -151,20 +153,44 @@ class SharedConnection:
         # it, never while another task could still touch its socket.
         self._using: dict[Any, int] = {}
 
-    def exchange(self, commands: Sequence[Command]) -> asyncio.Future[list[Any]]:
-        """``commands``' replies (an error reply as its exception), sent once in the current
-        loop iteration's write: a future to await. A caller cancelled while awaiting it
-        cancels it: not written yet, the call is withdrawn (never sent); written, its reply is
-        read and dropped."""
+    def exchange(self, commands: Sequence[Command]) -> Awaitable[list[Any]]:
+        """``commands``' replies (an error reply as its exception), sent once: an awaitable.
+        Alone on an idle connection, the caller writes them itself, at once; else they go
+        out in the current loop iteration's write, with the others'. A caller cancelled
+        while awaiting withdraws its call if it was not written yet (never sent); written,
+        its reply is read and dropped."""
         loop = asyncio.get_running_loop()
         exchange = _Exchange(commands, loop.create_future())
+        if self._idle():
+            return self._alone(exchange)
         self._pending.append(exchange)
-        if self._writer is None or self._writer.done():
+        if not self._writing:
+            self._writing = True
             # Started as a task: it runs once every task ready in this iteration has run, so
             # their calls are written together.
-            self._writer = loop.create_task(adrive(self._writing(), AWAITED))
-            self._writer.add_done_callback(_consume)
+            writer = loop.create_task(adrive(self._writes(), AWAITED))
+            writer.add_done_callback(_consume)
         return exchange.future
+
+    def _idle(self) -> bool:
+        """Nothing being written, pending or awaited, on a connection already open: a call
+        made now is alone, and saves the hand-off to a writer task."""
+        return (not self._writing and not self._pending and not self._in_flight
+                and self._conn is not None)
+
+    async def _alone(self, exchange: _Exchange) -> list[Any]:
+        """A call alone, written by its caller's own task (the writer's one step, driven the
+        same way); calls made meanwhile wait for it, then go out from a writer task."""
+        self._writing = True
+        try:
+            await adrive(self._write([exchange]), AWAITED)
+        finally:
+            self._writing = False
+            if self._pending:
+                self._writing = True
+                writer = asyncio.get_running_loop().create_task(adrive(self._writes(), AWAITED))
+                writer.add_done_callback(_consume)
+        return await exchange.future
 
     def _pack(self, conn: Any, commands: list[Command]) -> Any:
         if self._packer is not None:
@@ -189,40 +215,46 @@ class SharedConnection:
     # The writer and the reader are generators yielding what to await, run by the asyncio
     # driver (drivers.adrive), as every protocol is: their decisions are plain code.
 
-    def _writing(self) -> Steps[None]:
+    def _writes(self) -> Steps[None]:
         """The writer task: what is pending, a batch per write, until nothing is."""
-        while self._pending:
-            batch = self._batch()
-            if not batch:
-                continue
-            try:
-                conn = yield from self._ready()
-            except Exception as exc:  # nothing of this batch was written: unsent
-                _fail(batch, exc, nothing_sent=True)
-                continue
-            except BaseException:  # this task cancelled (its loop closing): so are the calls
-                _fail(batch, None)
+        try:
+            while self._pending:
+                batch = self._batch()
+                if batch:
+                    yield from self._write(batch)
+        finally:
+            self._writing = False
+
+    def _write(self, batch: list[_Exchange]) -> Steps[None]:
+        """One write of ``batch`` (a failure is its callers', as their replies')."""
+        try:
+            conn = yield from self._ready()
+        except Exception as exc:  # nothing of this batch was written: unsent
+            _fail(batch, exc, nothing_sent=True)
+            return
+        except BaseException:  # this task cancelled (its loop closing): so are the calls
+            _fail(batch, None)
+            raise
+        # From here to the write, nothing is awaited: the batch is in flight on ``conn``
+        # before any other task runs, and a reader reads that connection.
+        commands = [command for exchange in batch for command in exchange.commands]
+        self._in_flight.extend(batch)
+        if self._reading is not conn:
+            self._reading = conn
+            # Held here: the loop keeps only a weak reference to a task, and a reader
+            # collected mid-read would leave its callers waiting forever.
+            self._reader = asyncio.get_running_loop().create_task(
+                adrive(self._reading_replies(conn), AWAITED))
+            self._reader.add_done_callback(_consume)
+        self._enter(conn)
+        try:
+            yield conn.send_packed_command(self._pack(conn, commands), check_health=False)
+        except BaseException as exc:  # some of it may have reached Redis: lost replies
+            self._lost(conn, exc)
+            if not isinstance(exc, Exception):
                 raise
-            # From here to the write, nothing is awaited: the batch is in flight on ``conn``
-            # before any other task runs, and a reader reads that connection.
-            commands = [command for exchange in batch for command in exchange.commands]
-            self._in_flight.extend(batch)
-            if self._reading is not conn:
-                self._reading = conn
-                # Held here: the loop keeps only a weak reference to a task, and a reader
-                # collected mid-read would leave its callers waiting forever.
-                self._reader = asyncio.get_running_loop().create_task(
-                    adrive(self._reading_replies(conn), AWAITED))
-                self._reader.add_done_callback(_consume)
-            self._enter(conn)
-            try:
-                yield conn.send_packed_command(self._pack(conn, commands), check_health=False)
-            except BaseException as exc:  # some of it may have reached Redis: lost replies
-                self._lost(conn, exc)
-                if not isinstance(exc, Exception):
-                    raise
-            finally:
-                yield from self._leave(conn)
+        finally:
+            yield from self._leave(conn)
 
     def _ready(self) -> Steps[Any]:
         """The connection to write on: connected, and, when nothing is in flight on it,
@@ -240,9 +272,12 @@ class SharedConnection:
         """The reader task of ``conn``: each reply to its caller, in order, while any is
         awaited there."""
         self._enter(conn)
+        # This connection's calls: once it is dropped (_lost), self._in_flight holds the next
+        # connection's, and a reply still read here must not be taken for one of theirs.
+        in_flight = self._in_flight
         try:
-            while self._conn is conn and self._in_flight:
-                exchange = self._in_flight[0]
+            while self._conn is conn and in_flight:
+                exchange = in_flight[0]
                 try:
                     reply = yield conn.read_response()
                 except ResponseError as error:
@@ -252,7 +287,7 @@ class SharedConnection:
                     raise
                 exchange.replies.append(reply)
                 if len(exchange.replies) == len(exchange.commands):
-                    self._in_flight.popleft()
+                    in_flight.popleft()
                     if not exchange.future.done():  # done: its caller was cancelled
                         exchange.future.set_result(exchange.replies)
         finally:

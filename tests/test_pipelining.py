@@ -135,8 +135,8 @@ async def test_tasks_cancelled_in_a_batch_leave_no_slot_and_the_others_get_their
         slots = [asyncio.ensure_future(policy.ahit("k")) for _ in range(6)]
         hits = [asyncio.ensure_future(gauge.ahit(f"user{n}")) for n in range(3)]
         connection = shared()
-        await auntil(lambda: len(connection._in_flight) == 9 and connection._writer is not None
-                     and connection._writer.done(), what="the 9 calls to be written")
+        await auntil(lambda: len(connection._in_flight) == 9 and not connection._writing,
+                     what="the 9 calls to be written")
         for task in slots[:3]:
             task.cancel()  # their futures too, at once: their replies will be dropped
     kept = await asyncio.gather(*slots[3:])

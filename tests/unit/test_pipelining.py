@@ -258,3 +258,77 @@ def test_blocking_commands_never_share_the_connection() -> None:
     assert shares([cmd(1)])
     assert not shares([cmd(1), ("WAIT", 1, 100)])
     assert not shares([("wait", 1, 100)])
+
+
+async def opened(pool: ScriptedPool, shared: SharedConnection) -> ScriptedConnection:
+    """The shared connection, open and idle: one call made and answered on it."""
+    first = caller(shared, [cmd(0)])
+    await settle()
+    conn, = pool.handed
+    conn.replies.put_nowait(0)
+    assert await first == [0]
+    await settle()  # its reader has ended
+    return conn
+
+
+async def test_a_call_alone_on_an_idle_connection_is_written_by_its_own_task(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    alone = caller(shared, [cmd(1)])
+    others = [caller(shared, [cmd(n)]) for n in (2, 3)]  # made in the same iteration
+    await asyncio.sleep(0)  # one step of each task: no writer task has run yet
+    assert conn.writes[1:] == [[cmd(1)]]  # written at once, by the caller
+    await settle()
+    assert conn.writes[1:] == [[cmd(1)], [cmd(2), cmd(3)]]  # the others: one write behind it
+    for n in (1, 2, 3):
+        conn.replies.put_nowait(n)
+    assert await asyncio.gather(alone, *others) == [[1], [2], [3]]
+
+
+async def test_a_call_alone_cancelled_while_written_drops_the_connection_not_the_next_call(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    conn.write_gate = asyncio.Event()  # its write hangs
+    alone = caller(shared, [cmd(1)])
+    await settle()
+    waiting = caller(shared, [cmd(2)])  # made meanwhile: waits for that write to end
+    await settle()
+    assert conn.writes[1:] == [[cmd(1)]]
+    alone.cancel()  # part of it may have reached Redis: its reply would come out of order
+    await settle()
+    assert alone.cancelled()
+    new = pool.handed[1]
+    assert new.writes == [[cmd(2)]]  # on a new connection
+    new.replies.put_nowait(2)
+    assert await waiting == [2]
+    conn.replies.put_nowait("late")  # whatever the dropped connection still delivers
+    await settle()
+    assert pool.released == [conn] and conn.disconnects >= 1
+
+
+async def test_a_late_reply_on_a_dropped_connection_goes_to_no_call_of_the_new_one(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    first = caller(shared, [cmd(1)])
+    await settle()
+    old, = pool.handed
+    old.write_gate = asyncio.Event()
+    broken = caller(shared, [cmd(2)])
+    await settle()  # written behind the first; its write hangs
+    old.is_connected = False
+    old.write_gate.set()  # the write fails: the connection is dropped, both replies lost
+    for lost in (first, broken):
+        with pytest.raises(redis.ConnectionError):
+            await lost
+    later = caller(shared, [cmd(3)])
+    await settle()
+    new = pool.handed[1]
+    assert new.writes == [[cmd(3)]]
+    old.replies.put_nowait("the first call's reply, late")  # read by the old reader
+    await settle()
+    new.replies.put_nowait("three")
+    await settle()
+    assert later.done() and later.result() == ["three"]  # its own reply, not the late one
+    assert pool.released == [old]
