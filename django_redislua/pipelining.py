@@ -241,6 +241,10 @@ class SharedConnection:
         self._in_flight.extend(batch)
         if self._reading is not conn:
             self._reading = conn
+            # Entered for the reader now, not when its task first runs: a write failing
+            # before then must not leave the connection unused and give it back, then the
+            # reader give it back again (a pool then hands it to two callers).
+            self._enter(conn)
             # Held here: the loop keeps only a weak reference to a task, and a reader
             # collected mid-read would leave its callers waiting forever.
             self._reader = asyncio.get_running_loop().create_task(
@@ -269,9 +273,8 @@ class SharedConnection:
         return conn
 
     def _reading_replies(self, conn: Any) -> Steps[None]:
-        """The reader task of ``conn``: each reply to its caller, in order, while any is
-        awaited there."""
-        self._enter(conn)
+        """The reader task of ``conn`` (entered by its starter): each reply to its caller, in
+        order, while any is awaited there."""
         # This connection's calls: once it is dropped (_lost), self._in_flight holds the next
         # connection's, and a reply still read here must not be taken for one of theirs.
         in_flight = self._in_flight

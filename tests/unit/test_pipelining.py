@@ -30,6 +30,7 @@ class ScriptedConnection:
         self.disconnects = 0
         self.write_gate: asyncio.Event | None = None  # set: a write waits until it is set
         self.waiting_data = False  # can_read_destructive: data waiting, or closed by the server
+        self.failing_write: BaseException | None = None  # raised by the next write, at once
 
     def pack_commands(self, commands: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         return list(commands)
@@ -38,6 +39,9 @@ class ScriptedConnection:
         assert check_health is False  # a PING's reply would be read by the reader
         if not self.is_connected:
             raise redis.ConnectionError("closed")
+        if self.failing_write is not None:
+            self.is_connected = False
+            raise self.failing_write
         self.writes.append(packed)
         if self.write_gate is not None:
             await self.write_gate.wait()
@@ -332,3 +336,18 @@ async def test_a_late_reply_on_a_dropped_connection_goes_to_no_call_of_the_new_o
     await settle()
     assert later.done() and later.result() == ["three"]  # its own reply, not the late one
     assert pool.released == [old]
+
+
+async def test_a_write_that_fails_at_once_gives_the_connection_back_once(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    conn.failing_write = redis.ConnectionError("reset")
+    with pytest.raises(redis.ConnectionError):
+        await caller(shared, [cmd(1)])
+    await settle()  # the reader started for that write has run and left
+    assert pool.released == [conn]  # once: twice would hand it to two callers
+    again = caller(shared, [cmd(9)])
+    await settle()
+    pool.handed[1].replies.put_nowait("ok")
+    assert await again == ["ok"]
