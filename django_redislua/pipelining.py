@@ -180,16 +180,21 @@ class SharedConnection:
 
     async def _alone(self, exchange: _Exchange) -> list[Any]:
         """A call alone, written by its caller's own task (the writer's one step, driven the
-        same way); calls made meanwhile wait for it, then go out from a writer task."""
+        same way), and its reply read there too unless a reader runs already: no hand-off
+        through the loop either way. Calls made meanwhile wait for the write, then go out
+        from a writer task; their replies, from a reader task the caller starts once it has
+        its own."""
         self._writing = True
         try:
-            await adrive(self._write([exchange]), AWAITED)
+            leads = await adrive(self._write([exchange], lead=True), AWAITED)
         finally:
             self._writing = False
             if self._pending:
                 self._writing = True
                 writer = asyncio.get_running_loop().create_task(adrive(self._writes(), AWAITED))
                 writer.add_done_callback(_consume)
+        if leads is not None:
+            await adrive(self._reading_replies(leads, exchange), AWAITED)
         return await exchange.future
 
     def _pack(self, conn: Any, commands: list[Command]) -> Any:
@@ -225,13 +230,15 @@ class SharedConnection:
         finally:
             self._writing = False
 
-    def _write(self, batch: list[_Exchange]) -> Steps[None]:
-        """One write of ``batch`` (a failure is its callers', as their replies')."""
+    def _write(self, batch: list[_Exchange], lead: bool = False) -> Steps[Any]:
+        """One write of ``batch`` (a failure is its callers', as their replies'). ``lead``:
+        when no reader runs on the connection, none is started, and the connection is
+        returned: the caller reads (:meth:`_reading_replies` with its exchange)."""
         try:
             conn = yield from self._ready()
         except Exception as exc:  # nothing of this batch was written: unsent
             _fail(batch, exc, nothing_sent=True)
-            return
+            return None
         except BaseException:  # this task cancelled (its loop closing): so are the calls
             _fail(batch, None)
             raise
@@ -239,26 +246,39 @@ class SharedConnection:
         # before any other task runs, and a reader reads that connection.
         commands = [command for exchange in batch for command in exchange.commands]
         self._in_flight.extend(batch)
+        leads = False
         if self._reading is not conn:
             self._reading = conn
-            # Entered for the reader now, not when its task first runs: a write failing
-            # before then must not leave the connection unused and give it back, then the
-            # reader give it back again (a pool then hands it to two callers).
+            # Entered for the reader now, not when it first reads: a write failing before
+            # then must not leave the connection unused and give it back, then the reader
+            # give it back again (a pool then hands it to two callers).
             self._enter(conn)
-            # Held here: the loop keeps only a weak reference to a task, and a reader
-            # collected mid-read would leave its callers waiting forever.
-            self._reader = asyncio.get_running_loop().create_task(
-                adrive(self._reading_replies(conn), AWAITED))
-            self._reader.add_done_callback(_consume)
+            if lead:
+                leads = True
+            else:
+                self._start_reader(conn)
         self._enter(conn)
         try:
             yield conn.send_packed_command(self._pack(conn, commands), check_health=False)
         except BaseException as exc:  # some of it may have reached Redis: lost replies
             self._lost(conn, exc)
+            if leads:  # the caller will not read: its reader's part ends here
+                leads = False
+                self._reading = None
+                yield from self._leave(conn)
             if not isinstance(exc, Exception):
                 raise
         finally:
             yield from self._leave(conn)
+        return conn if leads else None
+
+    def _start_reader(self, conn: Any) -> None:
+        """A reader task for ``conn`` (already entered for it)."""
+        # Held here: the loop keeps only a weak reference to a task, and a reader collected
+        # mid-read would leave its callers waiting forever.
+        self._reader = asyncio.get_running_loop().create_task(
+            adrive(self._reading_replies(conn), AWAITED))
+        self._reader.add_done_callback(_consume)
 
     def _ready(self) -> Steps[Any]:
         """The connection to write on: connected, and, when nothing is in flight on it,
@@ -272,19 +292,30 @@ class SharedConnection:
             yield lean.arefreshed(conn)
         return conn
 
-    def _reading_replies(self, conn: Any) -> Steps[None]:
-        """The reader task of ``conn`` (entered by its starter): each reply to its caller, in
-        order, while any is awaited there."""
+    def _reading_replies(self, conn: Any, own: _Exchange | None = None) -> Steps[None]:
+        """The reader of ``conn`` (entered by its starter): each reply to its caller, in
+        order, while any is awaited there. ``own``: a caller reading for itself, until its
+        own reply is in; what is still awaited then goes on in a reader task. Cancelled
+        while reading, it reads nothing more and its reply is dropped: the read leaves the
+        connection as it was (``disconnect_on_error=False``; redis-py's parsers keep what a
+        cancelled read had taken in), so its batch-mates lose nothing."""
         # This connection's calls: once it is dropped (_lost), self._in_flight holds the next
         # connection's, and a reply still read here must not be taken for one of theirs.
         in_flight = self._in_flight
         try:
-            while self._conn is conn and in_flight:
+            while self._conn is conn and in_flight and (own is None or not own.future.done()):
                 exchange = in_flight[0]
                 try:
-                    reply = yield conn.read_response()
+                    reply = yield (conn.read_response() if own is None
+                                   else conn.read_response(disconnect_on_error=False))
                 except ResponseError as error:
                     reply = error
+                except asyncio.CancelledError as cancelled:
+                    if own is None:  # a reader task cancelled: its loop is closing
+                        self._lost(conn, cancelled)
+                    else:
+                        own.future.cancel()  # its reply is read and dropped, by a reader task
+                    raise
                 except BaseException as exc:
                     self._lost(conn, exc)
                     raise
@@ -294,9 +325,12 @@ class SharedConnection:
                     if not exchange.future.done():  # done: its caller was cancelled
                         exchange.future.set_result(exchange.replies)
         finally:
-            if self._reading is conn:
-                self._reading = None
-            yield from self._leave(conn)
+            if own is not None and self._conn is conn and in_flight:
+                self._start_reader(conn)  # this one's part on the connection passes to it
+            else:
+                if self._reading is conn:
+                    self._reading = None
+                yield from self._leave(conn)
 
     def _lost(self, conn: Any, failure: BaseException) -> None:
         """``conn`` failed: every exchange written on it (or being written) fails as a reply

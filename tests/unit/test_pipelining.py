@@ -31,6 +31,7 @@ class ScriptedConnection:
         self.write_gate: asyncio.Event | None = None  # set: a write waits until it is set
         self.waiting_data = False  # can_read_destructive: data waiting, or closed by the server
         self.failing_write: BaseException | None = None  # raised by the next write, at once
+        self.reads: list[tuple[asyncio.Task[Any] | None, bool]] = []
 
     def pack_commands(self, commands: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         return list(commands)
@@ -48,7 +49,9 @@ class ScriptedConnection:
             if not self.is_connected:
                 raise redis.ConnectionError("closed while writing")
 
-    async def read_response(self) -> Any:
+    async def read_response(self, *, disconnect_on_error: bool = True) -> Any:
+        # Which task read each reply, and whether a failure would have closed the connection.
+        self.reads.append((asyncio.current_task(), disconnect_on_error))
         reply = await self.replies.get()
         if isinstance(reply, BaseException):
             raise reply
@@ -347,6 +350,75 @@ async def test_a_write_that_fails_at_once_gives_the_connection_back_once(
         await caller(shared, [cmd(1)])
     await settle()  # the reader started for that write has run and left
     assert pool.released == [conn]  # once: twice would hand it to two callers
+    again = caller(shared, [cmd(9)])
+    await settle()
+    pool.handed[1].replies.put_nowait("ok")
+    assert await again == ["ok"]
+
+
+async def test_a_call_alone_reads_its_own_reply_in_its_own_task(pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    reader_before = shared._reader
+    alone = caller(shared, [cmd(1)])
+    await settle()
+    conn.replies.put_nowait("one")
+    assert await alone == ["one"]
+    assert conn.reads[-1] == (alone, False)  # read by the caller, the connection kept on error
+    assert shared._reader is reader_before  # no reader task was started for it
+    assert not shared._using and shared._reading is None  # nothing left holding it
+
+
+async def test_calls_written_behind_a_call_alone_are_read_by_a_reader_it_starts(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    alone = caller(shared, [cmd(1)])
+    behind = [caller(shared, [cmd(n)]) for n in (2, 3)]
+    await settle()
+    for n in (1, 2, 3):
+        conn.replies.put_nowait(n)
+    assert await asyncio.gather(alone, *behind) == [[1], [2], [3]]
+    readers = [task for task, _keep in conn.reads[1:]]
+    assert readers[0] is alone and alone not in readers[1:]  # its own only; then a reader's
+    assert len(set(readers[1:])) == 1 and readers[1] not in behind
+    assert not shared._using and shared._reading is None
+
+
+async def test_a_call_alone_cancelled_while_reading_costs_its_batch_mates_nothing(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    alone = caller(shared, [cmd(1)])
+    behind = [caller(shared, [cmd(n)]) for n in (2, 3)]
+    await settle()  # all written; the first caller waits for its reply
+    alone.cancel()
+    await settle()
+    for n in (1, 2, 3):
+        conn.replies.put_nowait(n)
+    assert await asyncio.gather(*behind) == [[2], [3]]  # the first reply read and dropped
+    assert alone.cancelled()
+    assert conn.disconnects == 0 and len(pool.handed) == 1  # the connection goes on
+    later = caller(shared, [cmd(4)])
+    await settle()
+    conn.replies.put_nowait(4)
+    assert await later == [4]
+
+
+async def test_a_call_alone_whose_read_fails_fails_the_calls_behind_it_as_lost(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    alone = caller(shared, [cmd(1)])
+    behind = caller(shared, [cmd(2)])
+    await settle()
+    conn.replies.put_nowait(redis.TimeoutError("Timeout reading from socket"))
+    for lost in (alone, behind):
+        with pytest.raises(redis.TimeoutError) as failure:
+            await lost
+        assert not was_unsent(failure.value)  # possibly applied: never sent again
+    await settle()
+    assert pool.released == [conn] and conn.disconnects >= 1  # closed, given back once
     again = caller(shared, [cmd(9)])
     await settle()
     pool.handed[1].replies.put_nowait("ok")
