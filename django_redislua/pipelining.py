@@ -185,8 +185,12 @@ class SharedConnection:
         from a writer task; their replies, from a reader task the caller starts once it has
         its own."""
         self._writing = True
+        await adrive(self._alone_steps(exchange), AWAITED)  # one driver for both
+        return await exchange.future
+
+    def _alone_steps(self, exchange: _Exchange) -> Steps[None]:
         try:
-            leads = await adrive(self._write([exchange], lead=True), AWAITED)
+            leads = yield from self._write([exchange], lead=True)
         finally:
             self._writing = False
             if self._pending:
@@ -194,8 +198,7 @@ class SharedConnection:
                 writer = asyncio.get_running_loop().create_task(adrive(self._writes(), AWAITED))
                 writer.add_done_callback(_consume)
         if leads is not None:
-            await adrive(self._reading_replies(leads, exchange), AWAITED)
-        return await exchange.future
+            yield from self._reading_replies(leads, exchange)
 
     def _pack(self, conn: Any, commands: list[Command]) -> Any:
         if self._packer is not None:
