@@ -2,17 +2,17 @@
 flight share one connection, its writes and its reads.
 
 Without it, 64 tasks deciding at once take 64 connections, and each call is its own write, its
-own read and its own wake-up of Redis. With it (``REDISLUA["PIPELINING"] = True``; off by
-default, as a lone call pays a hand-off through the loop, the reader's), a server's asyncio
-transport keeps one connection of the pool checked out, and:
+own read and its own wake-up of Redis. With it (``REDISLUA["PIPELINING"] = True``, off by
+default), a server's asyncio transport keeps one connection of the pool checked out, and:
 
-- a call made while nothing else is written, pending or awaited is written at once by its own
-  task (no timer, no hand-off: a call alone pays no window);
+- a call made while nothing else is written, pending or awaited is **alone**: its own task
+  writes it at once and reads its reply (no timer, no hand-off through the loop: it costs what
+  a call on a connection of its own costs);
 - the calls made while one is being written, in one iteration of the event loop, go out in
   **one write** at the end of that iteration, from a writer task;
 - calls made while earlier replies are awaited are written at once behind them (Redis answers a
-  connection's commands in order), and one task reads the replies back, in order, to each
-  caller;
+  connection's commands in order), and one reader reads the replies back, in order, to each
+  caller (the task of a call alone until its own reply is in, then a reader task it starts);
 - a batch is at most :data:`MAX_BATCH` commands; the callers hold what is in flight.
 
 Every guarantee of the per-call path holds:
@@ -25,7 +25,9 @@ Every guarantee of the per-call path holds:
 - **timeouts**: each reply is read with the pool's socket timeout;
 - **cancellation**: a task cancelled before its call was written withdraws it (it is never
   sent); one cancelled after reads nothing, and its reply is read and dropped, so its
-  batch-mates' replies stay in order. The protocol's undo then runs as on the per-call path;
+  batch-mates' replies stay in order (a call alone cancelled while reading its own reply hands
+  the reading to a reader task: its read leaves the connection as it was). The protocol's undo
+  then runs as on the per-call path;
 - **a connection the server closed** while idle (a restart, an idle timeout) is found before the
   next write (the pool's own readability check) and replaced, as the lean path does;
 - **blocking commands** (``WAIT``: :class:`~django_redislua.locks.Lock` with ``replicas``) never
@@ -41,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import inspect
 from collections import deque
 from collections.abc import Awaitable, Generator, Sequence
 from typing import Any, TypeVar
@@ -72,10 +75,14 @@ BLOCKING = frozenset({"WAIT", "WAITAOF", "BLPOP", "BRPOP", "BLMOVE", "BRPOPLPUSH
 
 def has_connection_api() -> bool:
     """Feature test (docs/versions.md): the asyncio connection methods the shared connection
-    uses, public on every redis-py the package supports."""
+    uses, public on every redis-py the package supports, and ``read_response``'s
+    ``disconnect_on_error`` (a call alone reads its own reply with it off)."""
+    conn = redis.asyncio.connection.Connection
     needed = ("is_connected", lean.ASYNC_CAN_READ, "connect", "disconnect",
               "send_packed_command", "read_response", "pack_commands")
-    return all(hasattr(redis.asyncio.connection.Connection, name) for name in needed)
+    if not all(hasattr(conn, name) for name in needed):
+        return False
+    return "disconnect_on_error" in inspect.signature(conn.read_response).parameters
 
 
 SUPPORTED = has_connection_api()

@@ -183,6 +183,14 @@ def test_without_the_shared_connection_api_asyncio_calls_take_a_connection_each(
     monkeypatch.setattr(redis.asyncio.connection, "Connection", type("Connection", (), {}))
     assert not pipelining.has_connection_api()
     monkeypatch.undo()
+
+    class OlderConnection(redis.asyncio.connection.Connection):
+        async def read_response(self, disable_decoding: bool = False) -> Any:  # type: ignore[override]
+            raise AssertionError("never called")
+
+    monkeypatch.setattr(redis.asyncio.connection, "Connection", OlderConnection)
+    assert not pipelining.has_connection_api()  # a read that would close on a cancellation
+    monkeypatch.undo()
     monkeypatch.setattr(pipelining, "SUPPORTED", False)
     found = atransport.AsyncServerTransport(redis.asyncio.Redis(host="127.0.0.1", port=1))
     assert found.shared is None
