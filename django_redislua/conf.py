@@ -233,9 +233,10 @@ class Settings:
     # lean.py), bypassing redis-py's per-command machinery; False keeps redis-py's path.
     LEAN_CALLS = _flag(True)
     # asyncio, a single server: the calls a loop's tasks make while others are in flight share
-    # one connection, its writes and reads (django_redislua/pipelining.py). Off by default: a
-    # lone call pays two task hops (docs/ratelimit.md, "Automatic pipelining").
-    PIPELINING = _flag(False)
+    # one connection, its writes and reads (django_redislua/pipelining.py); a call alone costs
+    # what it costs without. False: a connection per call (docs/ratelimit.md, "Automatic
+    # pipelining").
+    PIPELINING = _flag(True)
     # False: the decorators, the middleware and the DRF throttles admit every request without
     # asking Redis (a kill switch, and for test settings). The Python API still decides.
     ENABLED = _flag(True)

@@ -2,7 +2,7 @@
 flight share one connection, its writes and its reads.
 
 Without it, 64 tasks deciding at once take 64 connections, and each call is its own write, its
-own read and its own wake-up of Redis. With it (``REDISLUA["PIPELINING"] = True``, off by
+own read and its own wake-up of Redis. With it (``REDISLUA["PIPELINING"]``, on by
 default), a server's asyncio transport keeps one connection of the pool checked out, and:
 
 - a call made while nothing else is written, pending or awaited is **alone**: its own task

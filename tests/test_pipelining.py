@@ -30,7 +30,7 @@ from tests.test_locks_fair import auntil
 
 @pytest.fixture(autouse=True)
 def pipelining_on() -> Iterator[None]:
-    """PIPELINING is off by default: on for this module's tests."""
+    """PIPELINING on for this module's tests, whatever the settings' default."""
     with override_settings(REDISLUA={**REDISLUA, "PIPELINING": True}):
         yield
 
@@ -164,7 +164,7 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced_before_the_
     assert shared()._conn is closed and closed.is_connected  # reconnected before the write
 
 
-def test_pipelining_false_the_default_takes_a_connection_per_call() -> None:
+def test_pipelining_is_on_by_default_and_false_takes_a_connection_per_call() -> None:
     async def transport_shared() -> Any:
         return get_async_transport().shared  # type: ignore[attr-defined]
 
@@ -174,7 +174,8 @@ def test_pipelining_false_the_default_takes_a_connection_per_call() -> None:
     with override_settings(REDISLUA={**REDISLUA, "PIPELINING": None}):  # redislua.E024
         assert asyncio.run(transport_shared()) is None
     with override_settings(REDISLUA={k: v for k, v in REDISLUA.items() if k != "PIPELINING"}):
-        assert asyncio.run(transport_shared()) is None  # off unless asked for
+        assert isinstance(asyncio.run(transport_shared()),  # on unless turned off
+                          pipelining.SharedConnection)
 
 
 def test_a_pool_of_one_connection_is_not_shared() -> None:
