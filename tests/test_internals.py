@@ -66,8 +66,9 @@ ROWS: dict[str, tuple[Callable[[], Any], Callable[[], bool]]] = {
         (lambda: lean.has_connection_api() and hasattr(redis.utils, "HIREDIS_AVAILABLE"),
          needs_lean),
     "`Connection.is_connected`, `can_read` (`can_read_destructive` before 8.0), `connect`, "
-    "`disconnect`, `send_packed_command(check_health=False)`, `read_response`, `pack_commands` "
-    "(asyncio)": (pipelining.has_connection_api, lambda: True),
+    "`disconnect`, `send_packed_command(check_health=False)`, `read_response` (with "
+    "`disconnect_on_error=False`), `pack_commands` (asyncio)":
+        (pipelining.has_connection_api, lambda: True),
     "`caches[alias]._cache.get_client(write=True)`": (connection.has_django_cache_client,
                                                       lambda: True),
     "`response._has_been_logged`, read by `django.utils.log.log_response`":
