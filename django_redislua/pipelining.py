@@ -328,6 +328,10 @@ class SharedConnection:
                     raise
                 except BaseException as exc:
                     self._lost(conn, exc)
+                    if own is not None and isinstance(exc, Exception):
+                        # The failure reaches this caller as every other: through its future
+                        # (raised here, that future's copy would never be retrieved).
+                        return
                     raise
                 exchange.replies.append(reply)
                 if len(exchange.replies) == len(exchange.commands):

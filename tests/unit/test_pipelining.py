@@ -7,6 +7,7 @@ next connection; the connection could not be opened: unsent)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import pytest
@@ -407,16 +408,24 @@ async def test_a_call_alone_cancelled_while_reading_costs_its_batch_mates_nothin
 
 async def test_a_call_alone_whose_read_fails_fails_the_calls_behind_it_as_lost(
         pool: ScriptedPool) -> None:
+    unretrieved: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(
+        lambda _loop, context: unretrieved.append(context))
     shared = SharedConnection(pool)
     conn = await opened(pool, shared)
     alone = caller(shared, [cmd(1)])
     behind = caller(shared, [cmd(2)])
     await settle()
-    conn.replies.put_nowait(redis.TimeoutError("Timeout reading from socket"))
+    timeout = redis.TimeoutError("Timeout reading from socket")
+    conn.replies.put_nowait(timeout)
     for lost in (alone, behind):
         with pytest.raises(redis.TimeoutError) as failure:
             await lost
         assert not was_unsent(failure.value)  # possibly applied: never sent again
+        assert failure.value.__cause__ is timeout  # each its own copy, through its future
+    del failure, lost, alone, behind
+    gc.collect()
+    assert unretrieved == []  # no future's failure left unread ("never retrieved")
     await settle()
     assert pool.released == [conn] and conn.disconnects >= 1  # closed, given back once
     again = caller(shared, [cmd(9)])
