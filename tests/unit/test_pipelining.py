@@ -80,8 +80,11 @@ class ScriptedPool:
         self.handed: list[ScriptedConnection] = []
         self.released: list[ScriptedConnection] = []
         self.refuse: BaseException | None = None
+        self.gate: asyncio.Event | None = None  # set: a checkout waits until it is set
 
     async def get_connection(self) -> ScriptedConnection:
+        if self.gate is not None:
+            await self.gate.wait()
         if self.refuse is not None:
             raise self.refuse
         conn = ScriptedConnection(self)
@@ -432,3 +435,41 @@ async def test_a_call_alone_whose_read_fails_fails_the_calls_behind_it_as_lost(
     await settle()
     pool.handed[1].replies.put_nowait("ok")
     assert await again == ["ok"]
+
+
+async def test_calls_all_withdrawn_before_the_write_open_no_connection(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    calls = [caller(shared, [cmd(n)]) for n in range(2)]
+    await asyncio.sleep(0)  # both queued; the writer has not run
+    for call in calls:
+        call.cancel()
+    await settle()
+    assert all(call.cancelled() for call in calls)
+    assert pool.handed == []  # nothing to write: no connection was even checked out
+
+
+async def test_a_writer_cancelled_as_its_loop_closes_cancels_the_calls_it_held(
+        pool: ScriptedPool) -> None:
+    pool.gate = asyncio.Event()  # the checkout hangs: the writer waits in it
+    shared = SharedConnection(pool)
+    before = asyncio.all_tasks()
+    calls = [caller(shared, [cmd(n)]) for n in range(2)]
+    await settle()
+    writer, = asyncio.all_tasks() - before - set(calls)
+    writer.cancel()  # what closing the loop does to it
+    await settle()
+    assert all(call.cancelled() for call in calls)  # never written: never sent
+
+
+async def test_a_reader_cancelled_as_its_loop_closes_drops_the_connection(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    calls = [caller(shared, [cmd(n)]) for n in range(2)]  # a batch: a reader task reads it
+    await settle()
+    conn, = pool.handed
+    assert shared._reader is not None
+    shared._reader.cancel()
+    await settle()
+    assert all(call.cancelled() for call in calls)
+    assert pool.released == [conn] and conn.disconnects >= 1  # its replies would be unread
