@@ -154,7 +154,7 @@ class SharedConnection:
         self._in_flight: deque[_Exchange] = deque()  # written, replies awaited in this order
         self._writing = False  # a writer (a task, or a caller alone) is writing
         self._reader: asyncio.Task[None] | None = None
-        self._reading: Any = None  # the connection a reader task reads, if one runs
+        self._reading: Any = None  # the connection being read (a reader task, or a caller alone)
         # Tasks using each connection (the writer while it writes, the reader while it reads):
         # a connection dropped after a failure goes back to the pool when the last one leaves
         # it, never while another task could still touch its socket.
@@ -172,12 +172,15 @@ class SharedConnection:
             return self._alone(exchange)
         self._pending.append(exchange)
         if not self._writing:
-            self._writing = True
-            # Started as a task: it runs once every task ready in this iteration has run, so
-            # their calls are written together.
-            writer = loop.create_task(adrive(self._writes(), AWAITED))
-            writer.add_done_callback(_consume)
+            self._start_writer()
         return exchange.future
+
+    def _start_writer(self) -> None:
+        """A writer task for what is pending. Started as a task: it runs once every task
+        ready in this iteration has run, so their calls are written together."""
+        self._writing = True
+        writer = asyncio.get_running_loop().create_task(adrive(self._writes(), AWAITED))
+        writer.add_done_callback(_consume)
 
     def _idle(self) -> bool:
         """Nothing being written, pending or awaited, on a connection already open: a call
@@ -200,10 +203,8 @@ class SharedConnection:
             leads = yield from self._write([exchange], lead=True)
         finally:
             self._writing = False
-            if self._pending:
-                self._writing = True
-                writer = asyncio.get_running_loop().create_task(adrive(self._writes(), AWAITED))
-                writer.add_done_callback(_consume)
+            if self._pending:  # calls made while it was written
+                self._start_writer()
         if leads is not None:
             yield from self._reading_replies(leads, exchange)
 
@@ -320,13 +321,12 @@ class SharedConnection:
                                    else conn.read_response(disconnect_on_error=False))
                 except ResponseError as error:
                     reply = error
-                except asyncio.CancelledError as cancelled:
-                    if own is None:  # a reader task cancelled: its loop is closing
-                        self._lost(conn, cancelled)
-                    else:
-                        own.future.cancel()  # its reply is read and dropped, by a reader task
-                    raise
                 except BaseException as exc:
+                    if own is not None and isinstance(exc, asyncio.CancelledError):
+                        own.future.cancel()  # its reply is read and dropped, by a reader task
+                        raise
+                    # A failed read, or a reader task cancelled (its loop closing): whatever
+                    # is in flight on the connection is lost with it.
                     self._lost(conn, exc)
                     if own is not None and isinstance(exc, Exception):
                         # The failure reaches this caller as every other: through its future

@@ -243,10 +243,7 @@ async def test_a_connection_that_cannot_be_opened_fails_its_calls_as_unsent(
         assert was_unsent(failure.value)  # nothing was written: the protocol may send again
     assert failure.value.__cause__ is not None
     pool.refuse = None
-    again = caller(shared, [cmd(9)])
-    await settle()
-    pool.handed[0].replies.put_nowait("ok")
-    assert await again == ["ok"]
+    await answered_on(pool, 0, shared)
 
 
 async def test_a_connection_closed_while_idle_is_reconnected_before_the_write(
@@ -269,6 +266,15 @@ def test_blocking_commands_never_share_the_connection() -> None:
     assert shares([cmd(1)])
     assert not shares([cmd(1), ("WAIT", 1, 100)])
     assert not shares([("wait", 1, 100)])
+
+
+async def answered_on(pool: ScriptedPool, handed: int, shared: SharedConnection) -> None:
+    """A call made now goes out on the pool's ``handed``-th connection and gets its reply: the
+    shared connection works again after what the test did."""
+    again = caller(shared, [cmd(9)])
+    await settle()
+    pool.handed[handed].replies.put_nowait("ok")
+    assert await again == ["ok"]
 
 
 async def opened(pool: ScriptedPool, shared: SharedConnection) -> ScriptedConnection:
@@ -354,10 +360,7 @@ async def test_a_write_that_fails_at_once_gives_the_connection_back_once(
         await caller(shared, [cmd(1)])
     await settle()  # the reader started for that write has run and left
     assert pool.released == [conn]  # once: twice would hand it to two callers
-    again = caller(shared, [cmd(9)])
-    await settle()
-    pool.handed[1].replies.put_nowait("ok")
-    assert await again == ["ok"]
+    await answered_on(pool, 1, shared)
 
 
 async def test_a_call_alone_reads_its_own_reply_in_its_own_task(pool: ScriptedPool) -> None:
@@ -431,10 +434,7 @@ async def test_a_call_alone_whose_read_fails_fails_the_calls_behind_it_as_lost(
     assert unretrieved == []  # no future's failure left unread ("never retrieved")
     await settle()
     assert pool.released == [conn] and conn.disconnects >= 1  # closed, given back once
-    again = caller(shared, [cmd(9)])
-    await settle()
-    pool.handed[1].replies.put_nowait("ok")
-    assert await again == ["ok"]
+    await answered_on(pool, 1, shared)
 
 
 async def test_calls_all_withdrawn_before_the_write_open_no_connection(
