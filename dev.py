@@ -185,7 +185,8 @@ def workers(env: dict[str, str]) -> tuple[str, ...]:
     says so), nor on one core."""
     if env.get("REDIS_URL") or cores() < 2:
         return ()
-    return ("-n", str(2 * cores()), "--dist", "loadfile")
+    # Modules are handed out longest first (tests/scheduling.py), not most tests first.
+    return ("-n", str(2 * cores()), "--dist", "loadfile", "--no-loadscope-reorder")
 
 
 def quick(argv: list[str]) -> int:

@@ -31,6 +31,7 @@ from django_redislua.testing import (
     bundled_binary,
 )
 from django_redislua.testing.servers import SHARED_SERVER_FOR
+from tests import scheduling
 
 TOPOLOGIES = [pytest.param("single"), pytest.param("cluster", marks=pytest.mark.cluster)]
 
@@ -59,6 +60,7 @@ UNIT_DIR = Path(__file__).resolve().parent / "unit"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    scheduling.configure(config)
     url = os.environ.get("REDIS_URL")
     workers = getattr(config.option, "numprocesses", None)  # pytest-xdist's -n, in its controller
     if (workers and url and url != NOWHERE and SHARED_SERVER_FOR not in os.environ):
@@ -91,6 +93,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if UNIT_DIR in item.path.parents:
             item.add_marker(pytest.mark.unit)
+    if "PYTEST_XDIST_WORKER" in os.environ:  # the order the controller hands modules out in
+        scheduling.longest_first(items, scheduling.recorded_seconds())
 
 
 @pytest.fixture(autouse=True)
