@@ -20,10 +20,12 @@ response but a 200 fails the run. Uses REDIS_URL if set (loopback only), else st
 loopback server. Every loop is bounded by count and by time.
 
 Then the request layer's own CPU (issue 39: at most 15 us beyond the engine call), in this
-process and one thread: CPU per call of the limited sync view, the bare one, and the engine's
-``Policy.hit`` on the same identity (``--calls`` each, ``--rounds`` times, medians; each call
-builds its request, the engine's too, so that cost cancels out); the layer is the limited
-view less the bare view less the engine call.
+process and one thread: CPU per call of the limited sync view, the bare one, the engine's
+``Policy.hit`` on the same identity and a redis-py ``PING``, each ``--calls`` times in a
+shuffled order, ``--layer-rounds`` times; medians of each round's figures. Every call builds a
+request, whose cost is taken off the engine's and the ``PING``'s; the layer is the limited
+view less the bare view less the engine call, also as a multiple of the ``PING``, which
+carries from one machine to another.
 """
 
 from __future__ import annotations
@@ -172,10 +174,13 @@ def serving(server: Server, redis_url: str) -> Iterator[int]:
 
 
 def layer_cpu(url: str, calls: int, rounds: int) -> dict[str, float]:
-    """CPU us per call of the limited view, the bare view and the engine call, in this
-    process (medians over ``rounds``), and the layer's own: limited - bare - engine."""
+    """CPU us per call, in this process (medians over ``rounds``): the limited view, the bare
+    view, the engine call and a redis-py ``PING`` (the last two without the request each call
+    makes), and the layer's own: limited view - bare view - engine call, also as a multiple of
+    the ``PING`` (machines differ by several times; the ratio travels)."""
     os.environ["REDIS_URL"] = url
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.server_app"
+    import redis
     from django.test import RequestFactory
 
     from benchmarks import server_app
@@ -183,26 +188,40 @@ def layer_cpu(url: str, calls: int, rounds: int) -> dict[str, float]:
 
     factory = RequestFactory()
     policy = get_policy("bench")
+    ping = redis.Redis.from_url(url).ping
 
     def request() -> Any:  # a request is decided once: each call gets its own
         return factory.get("/limited/", REMOTE_ADDR="127.0.0.1")
 
     ways = {"limited view": lambda: server_app.limited(request()),
             "bare view": lambda: server_app.bare(request()),
-            "engine call": lambda: (request(), policy.hit("127.0.0.1"))}
+            "engine call": lambda: (request(), policy.hit("127.0.0.1")),
+            "redis-py PING": lambda: (request(), ping()),
+            "request": request}
     for way in ways.values():  # warm-up: the script loaded, the connection open
         for _ in range(min(calls, 200)):
             way()
-    samples: dict[str, list[float]] = {name: [] for name in ways}
+    # Short stretches of each, in a shuffled order, many times: the machine's speed drifts
+    # over seconds, and the layer is a difference of the ways, taken within each stretch.
+    order = list(ways)
+    shuffle = random.Random(calls)
+    rows: list[dict[str, float]] = []
     for _ in range(rounds):
-        for name, way in ways.items():
+        shuffle.shuffle(order)
+        row = {}
+        for name in order:
+            way = ways[name]
             started = time.process_time()
             for _ in range(calls):
                 way()
-            samples[name].append((time.process_time() - started) / calls * 1e6)
-    cpu = {name: statistics.median(taken) for name, taken in samples.items()}
-    cpu["layer"] = cpu["limited view"] - cpu["bare view"] - cpu["engine call"]
-    return cpu
+            row[name] = (time.process_time() - started) / calls * 1e6
+        made = row.pop("request")
+        row["engine call"] -= made
+        row["redis-py PING"] -= made
+        row["layer"] = row["limited view"] - row["bare view"] - row["engine call"]
+        row["layer x PING"] = row["layer"] / row["redis-py PING"]
+        rows.append(row)
+    return {name: statistics.median(row[name] for row in rows) for name in rows[0]}
 
 
 def free_ports() -> Iterator[int]:
@@ -219,7 +238,8 @@ def main() -> int:
     parser.add_argument("--clients-async", type=int, default=64)
     parser.add_argument("--clients-sync", type=int, default=16)
     parser.add_argument("--seed", type=int, default=39)
-    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--layer-rounds", type=int, default=30)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     from django_redislua.testing import RedisServer
@@ -255,7 +275,7 @@ def main() -> int:
                 "limited_cpu_us": statistics.median(r[server.limited][1] for r in rounds),
                 "clients": server.clients,
             }
-        layer = layer_cpu(url, args.calls, args.rounds)
+        layer = layer_cpu(url, args.calls, args.layer_rounds)
     finally:
         if own is not None:
             own.stop()
@@ -267,7 +287,8 @@ def main() -> int:
         print(f"{name:44} {row['bare_rps']:8.0f} {row['limited_rps']:9.0f} "
               f"{row['ratio']:6.2f} [{row['ratios'][0]:.2f}-{row['ratios'][-1]:.2f}] "
               f"{row['bare_cpu_us']:22.0f} {row['limited_cpu_us']:8.0f}")
-    print(f"In one process and thread, CPU us per call ({args.calls} calls, medians): "
+    print(f"In one process and thread, CPU us per call ({args.layer_rounds} rounds of "
+          f"{args.calls} calls, medians): "
           + ", ".join(f"{name} {taken:.1f}" for name, taken in layer.items()))
     if args.json:
         args.json.write_text(json.dumps({"servers": results, "cpu_us": layer}, indent=1))

@@ -22,6 +22,7 @@ now, not an epoch time.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -76,6 +77,7 @@ def policy_label(name: str) -> str:
     return "".join(c for c in name if 0x20 <= ord(c) < 0x7F)
 
 
+@functools.lru_cache(maxsize=1024)  # a policy's name, on every response it decides
 def _sf_string(name: str) -> str:
     """A Structured Field String: printable ASCII, with backslash and quote escaped."""
     return '"' + policy_label(name).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from django_redislua import keys
 from django_redislua.keys import client_ip, key_function
 from django_redislua.limiting import PolicyError, get_policy
 from django_redislua.limiting.identity import ABSENT, bound_identity
@@ -48,6 +49,30 @@ def test_client_ip_missing_remote_addr() -> None:
 def test_masks() -> None:
     assert client_ip(rf.get("/", REMOTE_ADDR="203.0.113.9")) == "203.0.113.0/24"
     assert client_ip(rf.get("/", REMOTE_ADDR="2001:db8:1:2::1")) == "2001:db8:1::/48"
+
+
+@pytest.mark.unit
+def test_a_remembered_address_is_masked_anew_when_the_masks_change() -> None:
+    """Addresses are remembered once masked (keys._masked_by): under the masks they were
+    masked with, never under settings changed since."""
+    request = rf.get("/", REMOTE_ADDR="203.0.113.9")
+    assert client_ip(request) == "203.0.113.9"
+    with with_config(IPV4_MASK=24):
+        assert client_ip(request) == "203.0.113.0/24"
+    assert client_ip(request) == "203.0.113.9"
+
+
+@pytest.mark.unit
+def test_only_short_address_values_are_remembered() -> None:
+    """Junk cannot crowd the cache with big entries: a value over REMEMBERED_ADDRESS_TEXT is
+    read each time (and is still an address when padding is all that made it long)."""
+    keys._masked_by.cache_clear()
+    padded = " " * keys.REMEMBERED_ADDRESS_TEXT + "203.0.113.9"
+    assert client_ip(rf.get("/", REMOTE_ADDR=padded)) == "203.0.113.9"
+    assert client_ip(rf.get("/", REMOTE_ADDR="x" * 129)) is None
+    assert keys._masked_by.cache_info().currsize == 0
+    assert client_ip(rf.get("/", REMOTE_ADDR="203.0.113.9")) == "203.0.113.9"
+    assert keys._masked_by.cache_info().currsize == 1
 
 
 @pytest.mark.unit
