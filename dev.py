@@ -213,6 +213,7 @@ def bench(argv: list[str]) -> int:
     status = status or run(PYTHON, "benchmarks/bench_calendar.py")
     status = status or run(PYTHON, "benchmarks/bench_locks.py")
     status = status or run(PYTHON, "benchmarks/bench_concurrency.py")
+    status = status or run(PYTHON, "benchmarks/bench_servers.py")
     return status or run(PYTHON, "benchmarks/bench_memory.py")
 
 
