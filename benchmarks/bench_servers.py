@@ -46,10 +46,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench_ratelimit import check_loopback  # noqa: E402
+
+from django_redislua.testing import free_port  # noqa: E402
+from tests.processes import stop_group  # noqa: E402
 
 BOOT_SECONDS = 30.0
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -62,31 +66,24 @@ class Server:
     bare: str
     limited: str
     clients: int
+    port: int
     command: list[str]
 
 
-def servers(port_for: Iterator[int], args: argparse.Namespace) -> list[Server]:
-    uvicorn_port, gunicorn_port = next(port_for), next(port_for)
+def servers(args: argparse.Namespace) -> list[Server]:
+    uvicorn, gunicorn = free_port(), free_port()
     return [
         Server("uvicorn, 1 worker, async view", "/abare/", "/alimited/", args.clients_async,
+               uvicorn,
                [sys.executable, "-m", "uvicorn", "--workers", "1", "--host", "127.0.0.1",
-                "--port", str(uvicorn_port), "--no-access-log", "--log-level", "warning",
+                "--port", str(uvicorn), "--no-access-log", "--log-level", "warning",
                 "benchmarks.server_app:asgi"]),
         Server("gunicorn, 1 worker x 8 threads, sync view", "/bare/", "/limited/",
-               args.clients_sync,
+               args.clients_sync, gunicorn,
                [sys.executable, "-m", "gunicorn", "--workers", "1", "--threads", "8",
-                "--worker-class", "gthread", "--bind", f"127.0.0.1:{gunicorn_port}",
+                "--worker-class", "gthread", "--bind", f"127.0.0.1:{gunicorn}",
                 "--log-level", "warning", "benchmarks.server_app:wsgi"]),
     ]
-
-
-def port_of(server: Server) -> int:
-    for index, part in enumerate(server.command):
-        if part == "--port":
-            return int(server.command[index + 1])
-        if part == "--bind":
-            return int(server.command[index + 1].rsplit(":", 1)[1])
-    raise ValueError(server.command)
 
 
 def process_cpu(pid: int) -> float:
@@ -143,7 +140,7 @@ async def load(port: int, path: str, clients: int, seconds: float) -> int:
 def measure(server: Server, pid: int, path: str, seconds: float) -> tuple[float, float]:
     """(requests/s, server CPU us per request) of ``path``."""
     cpu, started = process_cpu(pid), time.perf_counter()
-    answered = asyncio.run(load(port_of(server), path, server.clients, seconds))
+    answered = asyncio.run(load(server.port, path, server.clients, seconds))
     took, cpu = time.perf_counter() - started, process_cpu(pid) - cpu
     return answered / took, cpu / max(answered, 1) * 1e6
 
@@ -157,7 +154,7 @@ def serving(server: Server, redis_url: str) -> Iterator[int]:
         deadline = time.monotonic() + BOOT_SECONDS
         while True:
             try:
-                asyncio.run(load(port_of(server), server.bare, 1, 0.05))
+                asyncio.run(load(server.port, server.bare, 1, 0.05))
                 break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
@@ -165,12 +162,7 @@ def serving(server: Server, redis_url: str) -> Iterator[int]:
                 time.sleep(0.1)
         yield process.pid
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_group(process)  # its whole session: gunicorn's worker with its master
 
 
 def layer_cpu(url: str, calls: int, rounds: int) -> dict[str, float]:
@@ -224,13 +216,6 @@ def layer_cpu(url: str, calls: int, rounds: int) -> dict[str, float]:
     return {name: statistics.median(row[name] for row in rows) for name in rows[0]}
 
 
-def free_ports() -> Iterator[int]:
-    from django_redislua.testing import free_port
-
-    while True:
-        yield free_port()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=2.0)
@@ -247,15 +232,14 @@ def main() -> int:
     own = None
     url = os.environ.get("REDIS_URL")
     if url:
-        if urlsplit(url).hostname not in ("127.0.0.1", "localhost", "::1"):
-            raise SystemExit(f"REDIS_URL must be a loopback server, not {url}")
+        check_loopback(url)
     else:
         own = RedisServer().start()
         url = own.url
     shuffle = random.Random(args.seed)
     results: dict[str, Any] = {}
     try:
-        for server in servers(free_ports(), args):
+        for server in servers(args):
             with serving(server, url) as pid:
                 for path in (server.bare, server.limited):  # warm-up: imports, connections
                     measure(server, pid, path, min(args.seconds, 1.0))
