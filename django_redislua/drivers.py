@@ -12,8 +12,8 @@ cancellation leaves the clean-up running in the background (:func:`keep_running`
 
 A decision on the hot path is not a generator (a generator costs about a microsecond): a
 :class:`Step` is an object with the script call to make and what its reply means, run by
-:func:`drive_step` without the protocol loop; :func:`adrive_step` runs the same object as a
-protocol.
+:func:`drive_step` and :func:`adrive_step` without the protocol loop (:func:`stepped` makes it
+a protocol, for a caller inside one).
 
 The drivers take the transport to perform on; ``transport.run`` and ``transport.arun`` run a
 protocol on the process's (or the running loop's) transport.
@@ -78,15 +78,22 @@ async def adrive(protocol: Protocol[T], transport: Performer,
             if cancelling is not None and cancelling() > requested:
                 raise asyncio.CancelledError
         except asyncio.CancelledError as cancelled:
-            rest = asyncio.ensure_future(adrive(protocol, transport, cancelled))
-            try:
-                await asyncio.shield(rest)  # raises what the protocol raised: the cancellation
-            except asyncio.CancelledError:
-                keep_running(rest)
-                raise
+            await _shielded(adrive(protocol, transport, cancelled))
             raise
         except BaseException as exc:
             failure = exc
+
+
+async def _shielded(clean_up: Any) -> None:
+    """Run a cancelled protocol's rest (its clean-up) shielded from further cancellations; it
+    raises what the protocol raised, the cancellation. Cancelled again, it goes on running in
+    the background (:func:`keep_running`)."""
+    rest = asyncio.ensure_future(clean_up)
+    try:
+        await asyncio.shield(rest)
+    except asyncio.CancelledError:
+        keep_running(rest)
+        raise
 
 
 class Step(Interface):
@@ -125,9 +132,24 @@ def stepped(step: Step) -> Protocol[Any]:
     return step.result(reply)
 
 
-def adrive_step(step: Step, transport: Performer) -> Any:
-    """The asyncio driver for one :class:`Step`: an awaitable of its result."""
-    return adrive(stepped(step), transport)
+async def adrive_step(step: Step, transport: Performer) -> Any:
+    """The asyncio driver for one :class:`Step`, without the protocol loop: what
+    :func:`adrive` does with :func:`stepped`, cancellation included (a cancellation met while
+    the call is awaited, or lost on its way, runs the step's ``failed`` shielded)."""
+    if step.decided is not None:
+        return step.decided
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    requested = cancelling() if cancelling is not None else 0
+    try:
+        reply = await transport.call(step.script, step.command)
+        if cancelling is not None and cancelling() > requested:
+            raise asyncio.CancelledError
+    except asyncio.CancelledError as cancelled:
+        await _shielded(adrive(step.failed(cancelled), transport))
+        raise
+    except BaseException as exc:
+        return await adrive(step.failed(exc), transport)
+    return step.result(reply)
 
 
 # Tasks that must finish although the coroutine that started them is gone (a clean-up after a

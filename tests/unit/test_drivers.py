@@ -15,7 +15,7 @@ import redis
 
 from django_redislua import drivers
 from django_redislua.drivers import adrive, adrive_step, drive, drive_step, keep_running, stepped
-from django_redislua.protocol import Call, Execute, Failed, Invoke, Protocol
+from django_redislua.protocol import Call, Execute, Failed, Invoke, Protocol, Send
 from tests.unit.scripted import (
     AsyncScripted,
     FakeScript,
@@ -254,6 +254,77 @@ async def test_adrive_step_and_stepped_are_drive_step_s_twins() -> None:
         await adrive(stepped(step), transport)
     assert step.failures == [lost]
     assert names(transport.log) == ["Call", "Send", "Refresh", "Failed", "Failed"]
+
+
+async def test_adrive_step_hands_a_failure_to_the_step_s_protocol() -> None:
+    step = OneCall()
+    lost = redis.TimeoutError("lost")
+    transport = AsyncScripted([lost, True])
+    with pytest.raises(redis.TimeoutError):
+        await adrive_step(step, transport)
+    assert step.failures == [lost]
+    assert names(transport.log) == ["Call", "Send", "Refresh", "Failed", "Failed"]
+
+
+async def test_adrive_step_cancelled_in_its_call_runs_the_step_s_clean_up_first() -> None:
+    step = OneCall()
+    transport = AsyncScripted([True], cancel_at=0)
+    task = asyncio.ensure_future(adrive_step(step, transport))
+    await transport.reached.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [type(failure) for failure in step.failures] == [asyncio.CancelledError]
+    assert names(transport.log) == ["Call", "Failed"]
+
+
+@dataclass
+class UndoingCall(OneCall):
+    """A step whose failure gives something back in Redis (a concurrency lease's ZREM)."""
+
+    def failed(self, failure: BaseException) -> Protocol[Any]:
+        self.failures.append(failure)
+        yield UNDO
+        raise failure
+
+
+async def test_adrive_step_cancelled_again_leaves_the_clean_up_running() -> None:
+    release = asyncio.Event()
+    step = UndoingCall()
+    transport = AsyncScripted([Held(release, 1)], cancel_at=0)
+    task = asyncio.ensure_future(adrive_step(step, transport))
+    await transport.reached.wait()
+    task.cancel()
+    for _ in range(5):  # the clean-up starts and waits for its reply
+        await asyncio.sleep(0)
+    assert transport.log[1:] == [UNDO]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    kept = [held for held in drivers._background if not held.done()]
+    assert len(kept) == 1  # held until it ends
+    release.set()
+    await asyncio.wait(kept)
+    assert not transport.script and kept[0] not in drivers._background
+
+
+class DirectCall(AsyncScripted):
+    """A server's asyncio transport: ``call`` awaits its exchange itself (no protocol inside
+    it, whose own driver would notice a lost cancellation first)."""
+
+    async def call(self, script: Any, command: tuple[Any, ...]) -> Any:
+        return (await self.perform(Send(((None, (command,)),))))[0][0]
+
+
+async def test_adrive_step_raises_a_cancellation_lost_in_its_call_after_it() -> None:
+    step = OneCall()
+    transport = DirectCall([Swallowed([[b"r"]]), True])
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.ensure_future(adrive_step(step, transport))
+    # The reply came, but the task was cancelled meanwhile: the step is not decided by it,
+    # its clean-up runs (a concurrency slot the call took is given back).
+    assert [type(failure) for failure in step.failures] == [asyncio.CancelledError]
+    assert names(transport.log) == ["Send", "Failed"]
 
 
 async def test_invoke_awaits_the_asynchronous_twin_on_asyncio() -> None:
