@@ -23,6 +23,7 @@ from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from django.views import View
 
+from django_redislua import request_layer
 from django_redislua.atransport import arun
 from django_redislua.limiting.decision import PolicyError
 from django_redislua.limiting.options import CountFailures
@@ -36,7 +37,6 @@ from django_redislua.request_layer import (
     rule_for_name,
     rule_for_policy,
 )
-from django_redislua.transport import run
 
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
 INLINE_OPTIONS = ("rate", "algorithm", "burst", "limit", "timeout", "fallback_rate", "normalize",
@@ -186,9 +186,7 @@ def guard(
     stack: Stack, request: HttpRequest, call: Callable[[], HttpResponseBase]
 ) -> HttpResponseBase:
     rules = _pending(request, [*stack.specs, *specs_of(stack.view)], stack.view_name)
-    if not rules:
-        return call()
-    return run(guarded(request, rules, ratelimit, call))
+    return request_layer.guard(request, rules, ratelimit, call)
 
 
 def aguard(

@@ -51,16 +51,12 @@ from django_redislua.keys import DRF_SCOPE_KEY, masked
 from django_redislua.limiting import Decision, Policy, PolicyError, denials, parse_rate
 from django_redislua.limiting.rates import RateError
 from django_redislua.limiting.refund import Refund
-from django_redislua.request_layer import (
+from django_redislua.request_layer import Outcome, Rule, RuleOrError, decide, rule_for_name
+from django_redislua.responses import (
     UNAVAILABLE_RETRY_AFTER,
-    Outcome,
-    Rule,
-    RuleOrError,
-    decide,
     mark_logged,
     refund_unless_failed,
     release_all,
-    rule_for_name,
 )
 
 __all__ = [

@@ -78,22 +78,15 @@ async def adrive(protocol: Protocol[T], transport: Performer,
             if cancelling is not None and cancelling() > requested:
                 raise asyncio.CancelledError
         except asyncio.CancelledError as cancelled:
-            await _shielded(adrive(protocol, transport, cancelled))
+            rest = asyncio.ensure_future(adrive(protocol, transport, cancelled))
+            try:
+                await asyncio.shield(rest)  # raises what the protocol raised: the cancellation
+            except asyncio.CancelledError:
+                keep_running(rest)
+                raise
             raise
         except BaseException as exc:
             failure = exc
-
-
-async def _shielded(clean_up: Any) -> None:
-    """Run a cancelled protocol's rest (its clean-up) shielded from further cancellations; it
-    raises what the protocol raised, the cancellation. Cancelled again, it goes on running in
-    the background (:func:`keep_running`)."""
-    rest = asyncio.ensure_future(clean_up)
-    try:
-        await asyncio.shield(rest)
-    except asyncio.CancelledError:
-        keep_running(rest)
-        raise
 
 
 class Step(Interface):
@@ -144,8 +137,13 @@ async def adrive_step(step: Step, transport: Performer) -> Any:
         reply = await transport.call(step.script, step.command)
         if cancelling is not None and cancelling() > requested:
             raise asyncio.CancelledError
-    except asyncio.CancelledError as cancelled:
-        await _shielded(adrive(step.failed(cancelled), transport))
+    except asyncio.CancelledError as cancelled:  # as adrive does: the clean-up shielded
+        rest = asyncio.ensure_future(adrive(step.failed(cancelled), transport))
+        try:
+            await asyncio.shield(rest)  # raises what the step's protocol raised
+        except asyncio.CancelledError:
+            keep_running(rest)
+            raise
         raise
     except BaseException as exc:
         return await adrive(step.failed(exc), transport)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from django_redislua.conf import settings
 from django_redislua.limiting.calendar import period_seconds
 from django_redislua.limiting.decision import Decision
-from django_redislua.limiting.definition import CALENDAR, WINDOW_ALGORITHMS
+from django_redislua.limiting.definition import CALENDAR, WINDOW_ALGORITHMS, PolicyDefinition
 
 # draft-ietf-httpapi-ratelimit-headers-11, section 3.1.2: the quota unit of a concurrency limit.
 CONCURRENT_REQUESTS = "concurrent-requests"
@@ -38,7 +38,10 @@ CONCURRENT_REQUESTS = "concurrent-requests"
 def window_seconds(decision: Decision) -> int | None:
     """The ``w`` parameter: the policy's window in whole seconds (rounded up); None for a
     concurrency policy."""
-    policy = decision.policy
+    return _window_of(decision.policy)
+
+
+def _window_of(policy: PolicyDefinition) -> int | None:
     if policy.rate is None:  # concurrency: a count of requests in flight, not a rate
         return None
     if policy.rate.calendar is not None and policy.algorithm == CALENDAR:
@@ -83,6 +86,26 @@ def _sf_string(name: str) -> str:
     return '"' + policy_label(name).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _policy_item(decision: Decision) -> str:
+    """The decision's item of ``RateLimit-Policy``: the same on every response of its policy
+    and quota (remembered), but a calendar quota's, whose window is the current period."""
+    policy = decision.policy
+    if policy.algorithm == CALENDAR:
+        return _item(policy.name, decision.limit, _window_of(policy))
+    return _kept_item(policy, decision.limit)
+
+
+@functools.lru_cache(maxsize=1024)  # by policy object and quota: on every response it decides
+def _kept_item(policy: PolicyDefinition, limit: int) -> str:
+    return _item(policy.name, limit, _window_of(policy))
+
+
+def _item(name: str, limit: int, window: int | None) -> str:
+    if window is None:
+        return f'{_sf_string(name)};q={limit};qu="{CONCURRENT_REQUESTS}"'
+    return f"{_sf_string(name)};q={limit};w={window}"
+
+
 def retry_after_seconds(decisions: Sequence[Decision]) -> int | None:
     """Whole seconds to wait, rounded up so it is never earlier than the true wait; 0 when
     nothing was denied; None when no wait can help (a zero rate, a cost above capacity)."""
@@ -110,22 +133,19 @@ def rate_limit_headers(
     if not decisions:
         return headers
     denied = [d for d in decisions if not d.allowed]
-    wait = retry_after_seconds(decisions)
-    if denied and retry_after and wait is not None:
-        headers["Retry-After"] = str(wait)
+    if denied and retry_after:
+        wait = retry_after_seconds(decisions)
+        if wait is not None:
+            headers["Retry-After"] = str(wait)
     if mode is None:
         return headers
     if mode in ("ietf", "both"):
         policies, limits = [], []
         for d in decisions:
-            name = _sf_string(d.policy.name)
-            window = window_seconds(d)
-            if window is None:
-                policies.append(f'{name};q={d.limit};qu="{CONCURRENT_REQUESTS}"')
-            else:
-                policies.append(f"{name};q={d.limit};w={window}")
+            policies.append(_policy_item(d))
             t = effective_window(d)
-            limits.append(f"{name};r={max(0, d.remaining)}" + ("" if t is None else f";t={t}"))
+            limits.append(f"{_sf_string(d.policy.name)};r={max(0, d.remaining)}"
+                          + ("" if t is None else f";t={t}"))
         headers["RateLimit-Policy"] = ", ".join(policies)
         headers["RateLimit"] = ", ".join(limits)
     if mode in ("legacy", "both"):

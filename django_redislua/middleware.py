@@ -20,8 +20,8 @@ from django.urls import Resolver404, resolve
 from django_redislua.atransport import arun
 from django_redislua.conf import settings
 from django_redislua.limiting.decision import RateLimited
-from django_redislua.request_layer import RuleOrError, denied_response, guarded, rule_for_name
-from django_redislua.transport import run
+from django_redislua.request_layer import RuleOrError, guard, guarded, rule_for_name
+from django_redislua.responses import denied_response
 
 
 def _url_names(request: HttpRequest) -> set[str]:
@@ -71,10 +71,8 @@ class RateLimitMiddleware:
         if self.is_async:
             return arun(guarded(request, rules, RateLimitMiddleware,
                                 functools.partial(self.get_response, request)))
-        if not rules:
-            return self.get_response(request)
-        return run(guarded(request, rules, RateLimitMiddleware,
-                           functools.partial(self.get_response, request)))
+        return guard(request, rules, RateLimitMiddleware,
+                     functools.partial(self.get_response, request))
 
     def process_exception(
         self, request: HttpRequest, exception: Exception

@@ -1,7 +1,8 @@
 """The request layer shared by the decorator, the middleware, the DRF throttles and compat.
 
 It turns rules (a policy, a key function, a method filter) into engine checks for one request,
-decides them in ONE script call, and answers: the view runs, a 429 (``DENIED_VIEW``), or a 503.
+decides them in ONE script call, and answers: the view runs, a 429 (``DENIED_VIEW``), or a 503
+(the answers themselves are :mod:`django_redislua.responses`').
 :func:`deciding` is the one path every layer decides by: the checks, the failure and recovery
 log lines and metrics, the records on the request, the ``rate_limited`` signal. What a layer
 does differently is an argument of it (a DRF throttle's ``timer``; compat's django-ratelimit
@@ -30,16 +31,12 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
-from asgiref.sync import async_to_sync, iscoroutinefunction
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
-from django.utils.log import log_response
-from django.utils.module_loading import import_string
+from django.http import HttpRequest, HttpResponseBase
 
 from django_redislua import metrics
 from django_redislua.atransport import arun
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
-from django_redislua.headers import rate_limit_headers
 from django_redislua.keys import KeyFunc, key_function, normalized
 from django_redislua.limiting.decision import Decision, PolicyError, RateLimited
 from django_redislua.limiting.definition import (
@@ -53,27 +50,31 @@ from django_redislua.limiting.engine import (
     PartlyDecided,
     evaluation,
     metric_result,
-    releasing,
 )
+from django_redislua.limiting.engine import decide as decide_check
 from django_redislua.limiting.policy import Policy
-from django_redislua.limiting.refund import Refund, refunding, refunds_of
+from django_redislua.limiting.refund import Refund, refunds_of
 from django_redislua.limiting.registry import get_policy
 from django_redislua.plans import planned
-from django_redislua.problem import quota_exceeded_response
 from django_redislua.protocol import Invoke, Protocol
 from django_redislua.reporting import (
     report_broken,
-    report_failure_callable,
     report_outage,
     report_rate_callable,
     report_recovery,
-    report_refund_failed,
     report_shadow_denial,
+)
+from django_redislua.responses import (
+    add_headers,
+    denying,
+    on_close,
+    refunding_unless_failed,
+    release_all,
+    releasing_all,
+    unavailable_response,
 )
 from django_redislua.signals import rate_limited
 from django_redislua.transport import run
-
-UNAVAILABLE_RETRY_AFTER = 1  # seconds, on every 503 this app answers
 
 
 # -- rules ---------------------------------------------------------------------------------------
@@ -349,11 +350,21 @@ def deciding(
       ``FAIL_OPEN`` (compat: ``RATELIMIT_FAIL_OPEN``); ``refused_as``: what a request that is
       not admitted gets, for the log line.
     """
-    if not settings.ENABLED:
-        return NOTHING
-    applied, checks, refuse = checks_for(request, rules)
-    if refuse:
-        return UNAVAILABLE
+    applying = _applying(request, rules)
+    if isinstance(applying, Outcome):
+        return applying
+    return (yield from _deciding_checks(
+        request, *applying, sender, now_us=now_us, peek=peek, read=read, record=record,
+        fail_open=fail_open, refused_as=refused_as))
+
+
+def _deciding_checks(
+    request: HttpRequest, applied: list[Rule], checks: list[Check], sender: Any, *,
+    now_us: int | None = None, peek: bool = False,
+    read: Callable[[Decision], Decision] | None = None, record: bool = True,
+    fail_open: Callable[[], bool] | None = None, refused_as: str = "answered 503",
+) -> Protocol[Outcome]:
+    """:func:`deciding` once the rules that apply and their checks are known."""
     decisions: Sequence[Decision | None] = ()
     if checks:
         sinks = () if peek or read is not None else metrics.sinks()
@@ -362,194 +373,86 @@ def deciding(
             soft = soft_indexes(applied) if len(checks) > 1 else frozenset()
             decisions = yield from evaluation(checks, peek, now_us, soft, sinks)
         except CLIENT_ERRORS as exc:
-            admit = report_failure(checks, exc, fail_open=fail_open, refused_as=refused_as,
-                                   counted=not peek)
-            if isinstance(exc, PartlyDecided):  # refused anyway, by a check decided without Redis
-                decisions = exc.known
-            elif admit:
-                decisions = [None] * len(checks)
-            else:
+            undecided = _undecided(checks, exc, fail_open=fail_open, refused_as=refused_as,
+                                   peek=peek)
+            if undecided is None:
                 return UNAVAILABLE
+            decisions = undecided
         else:
             report_recovery()
         if read is not None:
             decisions = _read(decisions, read, counted=not peek)
-    outcome = _outcome(applied, decisions)
-    if record:
-        _record(request, outcome)
+    outcome = _concluded(request, applied, decisions, record)
     if not peek:
         yield from signalling(request, outcome.made, sender)
     return outcome
 
 
+def _applying(request: HttpRequest, rules: Iterable[RuleOrError]
+              ) -> Outcome | tuple[list[Rule], list[Check]]:
+    """:func:`deciding`'s start: the rules that apply and their checks, or the Outcome when
+    nothing is to be decided (``ENABLED`` is False) or the request is answered 503."""
+    if not settings.ENABLED:
+        return NOTHING
+    applied, checks, refuse = checks_for(request, rules)
+    if refuse:
+        return UNAVAILABLE
+    return applied, checks
+
+
+def _undecided(checks: Sequence[Check], exc: BaseException, *,
+               fail_open: Callable[[], bool] | None = None,
+               refused_as: str = "answered 503", peek: bool = False
+               ) -> Sequence[Decision | None] | None:
+    """Redis failed deciding ``checks``: reported (:func:`report_failure`); the Decisions the
+    request goes on with (none made: admitted; those made without Redis: refused by them), or
+    None: answered 503."""
+    admit = report_failure(checks, exc, fail_open=fail_open, refused_as=refused_as,
+                           counted=not peek)
+    if isinstance(exc, PartlyDecided):  # refused anyway, by a check decided without Redis
+        return exc.known
+    return [None] * len(checks) if admit else None
+
+
+def _concluded(request: HttpRequest, applied: Sequence[Rule],
+               decisions: Sequence[Decision | None], record: bool = True) -> Outcome:
+    outcome = _outcome(applied, decisions)
+    if record:
+        _record(request, outcome)
+    return outcome
+
+
 def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any, *,
            now_us: int | None = None) -> Outcome:
-    """:func:`deciding` on the sync driver."""
-    return run(deciding(request, rules, sender, now_us=now_us))
+    """:func:`deciding` on the sync driver. One check (a request's common case) is decided
+    without the protocol loop (the engine's ``decide``, as ``Policy.hit`` is); the steps
+    around it are :func:`deciding`'s own functions, and a denial's signal its protocol."""
+    applying = _applying(request, rules)
+    if isinstance(applying, Outcome):
+        return applying
+    applied, checks = applying
+    if len(checks) != 1:
+        return run(_deciding_checks(request, applied, checks, sender, now_us=now_us))
+    decisions: Sequence[Decision | None]
+    try:
+        decisions = [decide_check(*checks[0], now_us=now_us)]
+    except CLIENT_ERRORS as exc:
+        undecided = _undecided(checks, exc)
+        if undecided is None:
+            return UNAVAILABLE
+        decisions = undecided
+    else:
+        report_recovery()
+    outcome = _concluded(request, applied, decisions)
+    if any(not decision.allowed for decision in outcome.made):
+        run(signalling(request, outcome.made, sender))
+    return outcome
 
 
 def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any, *,
             now_us: int | None = None) -> Awaitable[Outcome]:
     """:func:`deciding` on the asyncio driver (no thread hop: the asyncio transport)."""
     return arun(deciding(request, rules, sender, now_us=now_us))
-
-
-# -- responses -----------------------------------------------------------------------------------
-def add_headers(
-    response: HttpResponseBase, decisions: Sequence[Decision], *, denied: bool = False
-) -> None:
-    """Rate-limit headers per ``REDISLUA["HEADERS"]``; headers already set are kept.
-
-    ``Retry-After`` only when ``denied``: the response is a denial (this app's 429, or a 429 a
-    view rendered itself for a ``block=False`` rule). A 200 has nothing to retry.
-    """
-    for name, value in rate_limit_headers(decisions, retry_after=denied).items():
-        if name not in response:
-            response[name] = value
-
-
-def _default_denied(request: HttpRequest, exception: RateLimited) -> HttpResponse:
-    """This app's own 429: plain text, or RFC 9457 problem details (``DENIED_BODY``)."""
-    if settings.DENIED_BODY == "problem":
-        return quota_exceeded_response(exception)
-    return HttpResponse(
-        "Too Many Requests\n", status=429, content_type="text/plain; charset=utf-8"
-    )
-
-
-def _denied_view() -> Callable[..., Any]:
-    path = settings.DENIED_VIEW
-    return _default_denied if path is None else cast(Callable[..., Any], import_string(path))
-
-
-def denying(request: HttpRequest, exception: RateLimited) -> Protocol[HttpResponseBase]:
-    """``DENIED_VIEW(request, exception)`` (default: this app's 429, its body per
-    ``DENIED_BODY``; sync or ``async def``) plus Retry-After and the rate-limit headers."""
-    view = _denied_view()
-    sync = async_to_sync(view) if iscoroutinefunction(view) else view
-    response: HttpResponseBase = yield Invoke(sync, (request, exception), asynchronous=view)
-    add_headers(response, exception.decisions, denied=True)
-    return response
-
-
-def denied_response(request: HttpRequest, exception: RateLimited) -> HttpResponseBase:
-    return run(denying(request, exception))
-
-
-# Feature tests of Django internals (docs/versions.md, "Other packages' internals").
-def has_log_mark() -> bool:
-    """Django's ``log_response`` skips a response whose ``_has_been_logged`` is true; Django
-    has no public way to keep one response out of the ``django.request`` log."""
-    return "_has_been_logged" in log_response.__code__.co_consts
-
-
-def has_resource_closers() -> bool:
-    """``HttpResponseBase.close()`` calls each of ``_resource_closers`` (Django's own handler
-    appends the request's ``close`` there); no public method adds a closer."""
-    return "_resource_closers" in HttpResponseBase.close.__code__.co_names
-
-
-DJANGO_LOG_MARK = has_log_mark()
-DJANGO_RESOURCE_CLOSERS = has_resource_closers()
-
-
-def mark_logged(response: HttpResponseBase) -> HttpResponseBase:
-    """Keep Django's request logger from writing a line for this response.
-
-    During an outage every request is answered 503, and ``django.request`` logs each 5xx as
-    an ERROR; :func:`report_outage` already says it once a minute. On a Django whose
-    ``log_response`` no longer reads the mark (:data:`DJANGO_LOG_MARK`), Django logs each.
-    """
-    if DJANGO_LOG_MARK:
-        response._has_been_logged = True  # type: ignore[attr-defined]  # read by log_response
-    return response
-
-
-def unavailable_response() -> HttpResponseBase:
-    """FAIL_OPEN = False and the limiter cannot decide: 503 with Retry-After, never a 500."""
-    return mark_logged(HttpResponse(
-        "Service Unavailable: rate limiter unreachable\n", status=503,
-        content_type="text/plain; charset=utf-8",
-        headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER)},
-    ))
-
-
-# -- count_failures ------------------------------------------------------------------------------
-def failed(policy: PolicyDefinition, request: Any, response: HttpResponseBase) -> bool:
-    """Whether ``response`` is a failure by ``policy``'s ``count_failures``: its statuses, or
-    what its callable says of ``(request, response)`` (the request the layer has: DRF's on a
-    DRF view). A 5xx always is: the view raised (the middleware sees a view's exception as a
-    500), or the server is failing; whether the attempt failed is unknown, and counting it is
-    the safe side. So is a callable that raises (logged, once a minute)."""
-    status = response.status_code
-    rule = policy.count_failures
-    if status >= 500 or rule is None:
-        return True
-    if isinstance(rule, frozenset):
-        return status in rule
-    try:
-        return bool(rule(request, response))
-    except Exception as exc:  # the callable is the project's code: any mistake of it
-        report_failure_callable(policy.name, exc)
-        return True
-
-
-def refunding_unless_failed(request: Any, response: HttpResponseBase,
-                            refunds: Sequence[Refund]) -> Protocol[None]:
-    """Give back each of ``refunds`` whose policy does not count ``response`` as a failure,
-    in one round trip. Redis failing is logged (the hits stay counted); the response goes
-    out as it is."""
-    due = [refund for refund in refunds
-           if not refund.sent and not failed(refund.decision.policy, request, response)]
-    if not due:
-        return
-    try:
-        yield from refunding(due)
-    except CLIENT_ERRORS as exc:
-        report_refund_failed(exc)
-
-
-def refund_unless_failed(request: Any, response: HttpResponseBase,
-                         refunds: Sequence[Refund]) -> None:
-    """:func:`refunding_unless_failed` on the sync driver (DRF's finalize_response)."""
-    run(refunding_unless_failed(request, response, refunds))
-
-
-# -- concurrency leases --------------------------------------------------------------------------
-def releasing_all(decisions: Sequence[Decision]) -> Protocol[None]:
-    """Give back every concurrency slot ``decisions`` hold; a Redis failure is logged (the
-    lease expires after the policy's timeout anyway)."""
-    for decision in decisions:
-        if decision.lease is not None:
-            try:
-                yield from releasing(decision.policy, decision.key, decision)
-            except CLIENT_ERRORS as exc:
-                report_outage(exc)
-
-
-def release_all(decisions: Sequence[Decision]) -> None:
-    run(releasing_all(decisions))
-
-
-def _on_close(response: HttpResponseBase, callback: Callable[[], None]) -> None:
-    # Django runs a response's resource closers from close(), which WSGI servers and the ASGI
-    # handler call once the last chunk is sent (or the client went away). Without them
-    # (DJANGO_RESOURCE_CLOSERS), the response's own close() is wrapped: the callback then
-    # runs after Django's request_finished signal instead of before it.
-    if DJANGO_RESOURCE_CLOSERS:
-        closers: list[Callable[[], None]] = response._resource_closers  # type: ignore[attr-defined]
-        closers.append(callback)
-        return
-    close, due = response.close, [callback]
-
-    def closing() -> None:
-        try:
-            close()
-        finally:
-            while due:  # once, as Django's closers, however often close() is called
-                due.pop()()
-
-    response.close = closing  # type: ignore[method-assign]
 
 
 def finishing(response: HttpResponseBase, outcome: Outcome, request: Any = None
@@ -566,7 +469,7 @@ def finishing(response: HttpResponseBase, outcome: Outcome, request: Any = None
         yield from refunding_unless_failed(request, response, outcome.refunds)
     if outcome.held:
         if response.streaming:
-            _on_close(response, functools.partial(release_all, outcome.held))
+            on_close(response, functools.partial(release_all, outcome.held))
         else:
             yield from releasing_all(outcome.held)
     return response
@@ -584,6 +487,28 @@ def guarded(request: HttpRequest, rules: Sequence[RuleOrError], sender: Any,
     if not rules:
         return cast(HttpResponseBase, (yield Invoke(view)))
     outcome = yield from deciding(request, rules, sender)
+    return (yield from answering(request, outcome, view))
+
+
+def guard(request: HttpRequest, rules: Sequence[RuleOrError], sender: Any,
+          view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+    """:func:`guarded` on the sync driver. A request decided by :func:`decide` whose view
+    simply runs (nothing refused, no slot to give back, no hit to refund) runs it and takes
+    :func:`finishing`'s headers without the protocol loop; any other answers as
+    :func:`answering` says."""
+    if not rules:
+        return view()
+    outcome = decide(request, rules, sender)
+    if outcome.unavailable or outcome.held or outcome.refunds or outcome.blocked:
+        return run(answering(request, outcome, view))
+    response = view()
+    add_headers(response, outcome.decisions, denied=response.status_code == 429)
+    return response
+
+
+def answering(request: HttpRequest, outcome: Outcome, view: Callable[[], Any]
+              ) -> Protocol[HttpResponseBase]:
+    """:func:`guarded`'s answer once ``outcome`` is decided: 503, 429, or ``view()``."""
     if outcome.unavailable:
         return unavailable_response()
     if outcome.blocked:

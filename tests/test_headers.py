@@ -190,3 +190,13 @@ def test_t_of_a_concurrency_policy_against_redis() -> None:
     headers = rate_limit_headers([denied], mode="ietf")
     assert headers["RateLimit"] == '"cc";r=0' and 599 <= int(headers["Retry-After"]) <= 600
     policy.release("client", held)
+
+
+@pytest.mark.unit
+def test_a_policy_s_item_follows_the_quota_each_decision_carries() -> None:
+    # The item of RateLimit-Policy is remembered per policy and quota: a live override's
+    # quota (another limit on the same policy) gets its own, never the policy's.
+    for limit in (20, 7, 20):
+        changed = Decision(True, limit, 1, 2.9, 0.0, BUCKET, "k")
+        assert rate_limit_headers([changed], mode="ietf")["RateLimit-Policy"] == (
+            f'"api";q={limit};w=12')

@@ -37,7 +37,7 @@ from django_redislua import (
     lean,
     metrics,
     pipelining,
-    request_layer,
+    responses,
     transport,
 )
 from django_redislua.limiting import Policy
@@ -72,8 +72,8 @@ ROWS: dict[str, tuple[Callable[[], Any], Callable[[], bool]]] = {
     "`caches[alias]._cache.get_client(write=True)`": (connection.has_django_cache_client,
                                                       lambda: True),
     "`response._has_been_logged`, read by `django.utils.log.log_response`":
-        (request_layer.has_log_mark, lambda: True),
-    "`HttpResponseBase._resource_closers`": (request_layer.has_resource_closers, lambda: True),
+        (responses.has_log_mark, lambda: True),
+    "`HttpResponseBase._resource_closers`": (responses.has_resource_closers, lambda: True),
     "`AsyncToSync.loop_thread_executors`": (connection.has_loop_thread_executors, lambda: True),
     "`CollectorRegistry._names_to_collectors`":
         (lambda: metrics.registered_by_name(_prometheus_registry()) is not None, lambda: True),
@@ -275,11 +275,11 @@ def test_an_outage_503_is_kept_out_of_djangos_log_while_django_reads_the_mark(
     from django.utils.log import log_response
 
     if not marked:
-        monkeypatch.setattr(request_layer, "log_response", lambda *a, **k: None)
-        assert not request_layer.has_log_mark()
-        monkeypatch.setattr(request_layer, "DJANGO_LOG_MARK", False)
+        monkeypatch.setattr(responses, "log_response", lambda *a, **k: None)
+        assert not responses.has_log_mark()
+        monkeypatch.setattr(responses, "DJANGO_LOG_MARK", False)
     with caplog.at_level(logging.ERROR, logger="django.request"):
-        log_response("Service Unavailable: %s", "/", response=request_layer.unavailable_response())
+        log_response("Service Unavailable: %s", "/", response=responses.unavailable_response())
     assert (caplog.records == []) == marked  # without the mark: Django's own line, as documented
 
 
@@ -288,14 +288,14 @@ def test_an_outage_503_is_kept_out_of_djangos_log_while_django_reads_the_mark(
 def test_a_closer_runs_once_when_the_response_is_closed(
         monkeypatch: pytest.MonkeyPatch, closers: bool) -> None:
     if not closers:
-        monkeypatch.setattr(request_layer.HttpResponseBase.close, "__code__",
+        monkeypatch.setattr(responses.HttpResponseBase.close, "__code__",
                             (lambda self: None).__code__)
-        assert not request_layer.has_resource_closers()
+        assert not responses.has_resource_closers()
         monkeypatch.undo()
-        monkeypatch.setattr(request_layer, "DJANGO_RESOURCE_CLOSERS", False)
+        monkeypatch.setattr(responses, "DJANGO_RESOURCE_CLOSERS", False)
     ran: list[int] = []
     response = HttpResponse("ok")
-    request_layer._on_close(response, lambda: ran.append(1))
+    responses.on_close(response, lambda: ran.append(1))
     assert ran == []
     # close() sends request_finished, whose database receiver a unit test must not reach.
     request_finished.disconnect(close_old_connections)

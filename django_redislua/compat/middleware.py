@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponseBase
 from django.utils.module_loading import import_string
 
 from django_redislua.compat.exceptions import Ratelimited
-from django_redislua.request_layer import add_headers, denied_response
+from django_redislua.responses import add_headers, denied_response
 
 
 class RatelimitMiddleware:
