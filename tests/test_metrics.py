@@ -842,6 +842,26 @@ def test_an_error_reply_is_a_redis_error(meter: Meter, r: redis.Redis, fail_open
     assert delta.timed() == {name: 2}
 
 
+@pytest.mark.parametrize("fail_open", [True, False])
+async def test_an_error_reply_is_a_redis_error_on_asyncio(
+        meter: Meter, r: redis.Redis, fail_open: bool) -> None:
+    # The asyncio server transport's own call (not the protocol's): an error reply that is
+    # not a missing script is counted and raised, once per call, as on the sync transport.
+    request = rf.get("/mx/", REMOTE_ADDR="192.0.2.1")
+    await async_view(request)
+    policy = request.ratelimit[0].policy  # type: ignore[attr-defined]
+    r.hset(policy.redis_key(IP), "a", "hash")  # the script meets WRONGTYPE
+    meter.mark()
+    with redislua(FAIL_OPEN=fail_open):
+        codes = [(await async_view(rf.get("/mx/", REMOTE_ADDR=IP))).status_code
+                 for _ in range(2)]
+    assert codes == [200 if fail_open else 503] * 2
+    delta = meter.delta()
+    result = "failed_open" if fail_open else "unavailable"
+    assert delta.decisions() == {(policy.name, "sliding_log", result): 2}
+    assert delta.errors() == {"django_redislua.ratelimit_sl": 2}
+
+
 def test_a_known_denial_survives_an_outage_with_several_checks(meter: Meter) -> None:
     middleware = RateLimitMiddleware(ok)
     with RedisServer() as server, middleware_settings(), redislua(
