@@ -38,9 +38,9 @@ def add_headers(
     ``Retry-After`` only when ``denied``: the response is a denial (this app's 429, or a 429 a
     view rendered itself for a ``block=False`` rule). A 200 has nothing to retry.
     """
+    headers = response.headers
     for name, value in rate_limit_headers(decisions, retry_after=denied).items():
-        if name not in response:
-            response[name] = value
+        headers.setdefault(name, value)
 
 
 def _default_denied(request: HttpRequest, exception: RateLimited) -> HttpResponse:
