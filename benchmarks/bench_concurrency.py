@@ -2,7 +2,7 @@
 contender on the allowed path with its own keys.
 
     .venv/bin/python benchmarks/bench_concurrency.py [--tasks 64] [--seconds 1.5] [--rounds 5]
-        [--json PATH]
+        [--tail-rounds 3] [--json PATH]
 
 Uses REDIS_URL if set (loopback only), else starts its own loopback server. Contenders, each
 with ``--tasks`` asyncio tasks, every task cycling through identities of its own under a quota
@@ -19,8 +19,10 @@ One round measures every contender for ``--seconds`` each, in a shuffled (seeded
 figures are medians over ``--rounds`` rounds: decisions/s, its ratio to ``INCR`` within the same
 round, and the Redis main thread's CPU per decision (``INFO cpu``: ``used_cpu_*_main_thread``,
 or the process's where the server has no per-thread figure). Then one decision alone: the
-median latency of ``--lone`` sequential calls of each, as a ratio to a lone ``INCR``. Every
-loop is bounded by count and by time.
+median latency of ``--lone`` sequential calls of each, as a ratio to a lone ``INCR``. Then the
+tail: the p99 latency of one call with ``--tasks`` in flight, ``--tail-rounds`` rounds of
+``--seconds`` (medians), for ours, pipelined and not, and ``INCR``. Every loop is bounded by
+count and by time.
 """
 
 from __future__ import annotations
@@ -162,6 +164,26 @@ async def lone(call: Call, count: int, tag: str) -> float:
     return statistics.median(times) * 1e6
 
 
+async def tail(call: Call, tasks: int, seconds: float, tag: str) -> float:
+    """The p99 latency (us) of one call while ``tasks`` tasks call for ``seconds`` (each at
+    most 10**6 calls)."""
+    deadline = time.perf_counter() + seconds
+    times: list[float] = []
+
+    async def worker(i: int) -> None:
+        names = [f"{tag}:{i}:{n}" for n in range(16)]
+        for name in itertools.islice(itertools.cycle(names), 10**6):
+            start = time.perf_counter()
+            await call(name)
+            end = time.perf_counter()
+            times.append(end - start)
+            if end >= deadline:
+                break
+
+    await asyncio.gather(*(worker(i) for i in range(tasks)))
+    return statistics.quantiles(times, n=100)[98] * 1e6
+
+
 def switched(pipelining: bool | None) -> Any:
     from django.conf import settings
     from django.test import override_settings
@@ -201,6 +223,19 @@ async def measure(found: list[Contender], args: argparse.Namespace, sync_client:
                 call = contender.make()
                 await lone(call, 50, "lonewarm")
                 lone_us[contender.name].append(await lone(call, args.lone, "lone"))
+    # The tail with every task in flight: ours pipelined against the per-call path (what every
+    # release before pipelining did) and a bare INCR, shuffled, per round.
+    tailed = [c for c in found if c.name.startswith(("ours", "redis-py"))]
+    tail_us: dict[str, list[float]] = {contender.name: [] for contender in tailed}
+    for round_ in range(args.tail_rounds):
+        order = list(tailed)
+        rng.shuffle(order)
+        for contender in order:
+            with switched(contender.pipelining):
+                call = contender.make()
+                await rate(call, args.tasks, 0.2, f"tailwarm{round_}")
+                tail_us[contender.name].append(
+                    await tail(call, args.tasks, args.seconds, f"t{round_}"))
     results = {}
     for contender in found:
         name = contender.name
@@ -214,6 +249,8 @@ async def measure(found: list[Contender], args: argparse.Namespace, sync_client:
             "lone_us": lone_median,
             "lone_ratio": lone_median / statistics.median(lone_us["redis-py INCR"]),
         }
+        if name in tail_us:
+            results[name]["p99_us"] = statistics.median(tail_us[name])
     return results
 
 
@@ -221,11 +258,12 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"\n{args.tasks} asyncio tasks, {args.rounds} rounds of {args.seconds:g} s each "
           f"(medians; ratio: to redis-py INCR in the same round, [min-max] over rounds)")
     print(f"{'contender':42} {'decisions/s':>12} {'x INCR':>7} {'range':>13} "
-          f"{'server us':>10} {'lone x INCR':>12}")
+          f"{'server us':>10} {'lone x INCR':>12} {'p99 us':>8}")
     for name, r in results.items():
         low, high = r["ratio_range"]
+        p99 = f"{r['p99_us']:8,.0f}" if "p99_us" in r else f"{'':8}"
         print(f"{name:42} {r['per_s']:12,.0f} {r['ratio']:7.2f} {low:6.2f}-{high:<6.2f} "
-              f"{r['server_us']:10.1f} {r['lone_ratio']:12.2f}")
+              f"{r['server_us']:10.1f} {r['lone_ratio']:12.2f} {p99}")
     ours = {name: r for name, r in results.items() if name.startswith("ours")
             and "PIPELINING=False" not in name}
     peers = {name: r for name, r in results.items()
@@ -238,6 +276,8 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
             ("lone x INCR <= 1.03", r["lone_ratio"], r["lone_ratio"] <= 1.03),
             ("server CPU x unpipelined <= 0.6", r["server_us"] / unpipelined["server_us"],
              r["server_us"] / unpipelined["server_us"] <= 0.6),
+            ("p99 x unpipelined <= 1.0", r["p99_us"] / unpipelined["p99_us"],
+             r["p99_us"] <= unpipelined["p99_us"]),
         ]
         checks += [(f"x {peer} >= 2.0", r["per_s"] / p["per_s"], r["per_s"] / p["per_s"] >= 2.0)
                    for peer, p in peers.items()]
@@ -251,6 +291,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=1.5)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--lone", type=int, default=500)
+    parser.add_argument("--tail-rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=39)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
