@@ -22,7 +22,9 @@ Every guarantee of the per-call path holds:
   protocol never sends it again); a call not yet written when that happens goes out on the new
   connection; a call that could not be written because the connection could not be opened fails
   as *unsent* (:func:`django_redislua.protocol.unsent`), as on the per-call path;
-- **timeouts**: each reply is read with the pool's socket timeout;
+- **timeouts**: each reply is read within the pool's socket timeout of the start of its read
+  (a reader task keeps it with one timer of its own on redis-py 8.1, :class:`_Deadline`; a
+  call alone, with redis-py's);
 - **cancellation**: a task cancelled before its call was written withdraws it (it is never
   sent); one cancelled after reads nothing, and its reply is read and dropped, so its
   batch-mates' replies stay in order (a call alone cancelled while reading its own reply hands
@@ -44,6 +46,7 @@ import asyncio
 import contextlib
 import copy
 import inspect
+import math
 from collections import deque
 from collections.abc import Awaitable, Generator, Sequence
 from typing import Any, TypeVar
@@ -86,6 +89,16 @@ def has_connection_api() -> bool:
 
 
 SUPPORTED = has_connection_api()
+def has_untimed_reads() -> bool:
+    """Feature test (docs/versions.md): redis-py's asyncio ``read_response`` reads with no
+    timer of its own when asked for ``timeout=math.inf`` (8.1 and newer; before, it arms one
+    that never fires). A reader task then keeps the socket timeout with one timer of its own
+    (:class:`_Deadline`) instead of redis-py arming and cancelling one per reply, about a
+    fifth of a batched decision's client CPU (docs/benchmarks.md)."""
+    return "inf" in redis.asyncio.connection.Connection.read_response.__code__.co_names
+
+
+UNTIMED_READS = has_untimed_reads()
 
 
 def eligible(pool: Any) -> bool:
@@ -139,6 +152,42 @@ def _own_copy(failure: BaseException) -> BaseException:
     mine.__traceback__ = None
     mine.__cause__ = failure
     return mine
+
+
+class _Deadline:
+    """A reader task's socket timeout: each reply due within ``timeout`` of the start of its
+    read, watched by one timer that is re-armed only when it fires early (a reply came in the
+    meantime), never per reply. Expired, it cancels the reader, which takes the cancellation
+    for a timeout (:attr:`expired`)."""
+
+    __slots__ = ("due", "expired", "handle", "loop", "reader", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.reader = asyncio.current_task()
+        self.timeout = timeout
+        self.due = 0.0
+        self.expired = False
+        self.handle: asyncio.TimerHandle | None = None
+
+    def reading(self) -> None:
+        """A read starts: its reply is due within the timeout."""
+        self.due = self.loop.time() + self.timeout
+        if self.handle is None:
+            self.handle = self.loop.call_at(self.due, self._check)
+
+    def _check(self) -> None:
+        self.handle = None
+        if self.loop.time() < self.due:  # a reply came meanwhile: the read now pending is due later
+            self.handle = self.loop.call_at(self.due, self._check)
+        elif self.reader is not None:
+            self.expired = True
+            self.reader.cancel()
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
 
 class SharedConnection:
@@ -313,17 +362,30 @@ class SharedConnection:
         # This connection's calls: once it is dropped (_lost), self._in_flight holds the next
         # connection's, and a reply still read here must not be taken for one of theirs.
         in_flight = self._in_flight
+        timeout = getattr(conn, "socket_timeout", None)
+        deadline = (_Deadline(timeout) if own is None and UNTIMED_READS and timeout is not None
+                    else None)
         try:
             while self._conn is conn and in_flight and (own is None or not own.future.done()):
                 exchange = in_flight[0]
                 try:
-                    reply = yield (conn.read_response() if own is None
-                                   else conn.read_response(disconnect_on_error=False))
+                    if deadline is not None:
+                        deadline.reading()
+                        reply = yield conn.read_response(timeout=math.inf)
+                    elif own is None:
+                        reply = yield conn.read_response()
+                    else:
+                        reply = yield conn.read_response(disconnect_on_error=False)
                 except ResponseError as error:
                     reply = error
                 except BaseException as exc:
                     if own is not None and isinstance(exc, asyncio.CancelledError):
                         own.future.cancel()  # its reply is read and dropped, by a reader task
+                        raise
+                    if deadline is not None and deadline.expired:
+                        # No reply within the socket timeout: what redis-py's own timer says.
+                        self._lost(conn, redis.TimeoutError(
+                            f"Timeout reading from {_address(conn)}"))
                         raise
                     # A failed read, or a reader task cancelled (its loop closing): whatever
                     # is in flight on the connection is lost with it.
@@ -339,6 +401,8 @@ class SharedConnection:
                     if not exchange.future.done():  # done: its caller was cancelled
                         exchange.future.set_result(exchange.replies)
         finally:
+            if deadline is not None:
+                deadline.stop()
             if own is not None and self._conn is conn and in_flight:
                 self._start_reader(conn)  # this one's part on the connection passes to it
             else:
@@ -369,6 +433,12 @@ class SharedConnection:
                 yield conn.disconnect()
             finally:
                 yield self.pool.release(conn)
+
+
+def _address(conn: Any) -> str:
+    """Where ``conn`` reads from, for a timeout's message (a host and port, or a socket path)."""
+    path = getattr(conn, "path", None)
+    return str(path) if path else f"{getattr(conn, 'host', '?')}:{getattr(conn, 'port', '?')}"
 
 
 class _Awaited:

@@ -69,6 +69,8 @@ ROWS: dict[str, tuple[Callable[[], Any], Callable[[], bool]]] = {
     "`disconnect`, `send_packed_command(check_health=False)`, `read_response` (with "
     "`disconnect_on_error=False`), `pack_commands` (asyncio)":
         (pipelining.has_connection_api, lambda: True),
+    "`read_response(timeout=math.inf)` reading with no timer of redis-py's own (asyncio)":
+        (pipelining.has_untimed_reads, lambda: pipelining.UNTIMED_READS),
     "`caches[alias]._cache.get_client(write=True)`": (connection.has_django_cache_client,
                                                       lambda: True),
     "`response._has_been_logged`, read by `django.utils.log.log_response`":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 from typing import Any
 
 import pytest
@@ -33,6 +34,8 @@ class ScriptedConnection:
         self.waiting_data = False  # can_read_destructive: data waiting, or closed by the server
         self.failing_write: BaseException | None = None  # raised by the next write, at once
         self.reads: list[tuple[asyncio.Task[Any] | None, bool]] = []
+        self.read_timeouts: list[float | None] = []  # what each read was asked to wait at most
+        self.socket_timeout = pool.socket_timeout
 
     def pack_commands(self, commands: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         return list(commands)
@@ -50,9 +53,11 @@ class ScriptedConnection:
             if not self.is_connected:
                 raise redis.ConnectionError("closed while writing")
 
-    async def read_response(self, *, disconnect_on_error: bool = True) -> Any:
+    async def read_response(self, *, disconnect_on_error: bool = True,
+                            timeout: float | None = None) -> Any:
         # Which task read each reply, and whether a failure would have closed the connection.
         self.reads.append((asyncio.current_task(), disconnect_on_error))
+        self.read_timeouts.append(timeout)
         reply = await self.replies.get()
         if isinstance(reply, BaseException):
             raise reply
@@ -77,6 +82,7 @@ class ScriptedPool:
     connection_kwargs: dict[str, Any] = {"command_packer": object()}  # redis-py packs
 
     def __init__(self) -> None:
+        self.socket_timeout: float | None = None  # the connections' own
         self.handed: list[ScriptedConnection] = []
         self.released: list[ScriptedConnection] = []
         self.refuse: BaseException | None = None
@@ -473,3 +479,97 @@ async def test_a_reader_cancelled_as_its_loop_closes_drops_the_connection(
     await settle()
     assert all(call.cancelled() for call in calls)
     assert pool.released == [conn] and conn.disconnects >= 1  # its replies would be unread
+
+
+# -- the reader's socket timeout (redis-py 8.1: one timer per reader, not per reply) -----------
+
+def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The running loop's clock, moved by the test only: its timers fire when it says."""
+    loop = asyncio.get_running_loop()
+    now = [loop.time()]
+    monkeypatch.setattr(loop, "time", lambda: now[0])
+    return now
+
+
+async def test_a_reader_given_no_reply_within_the_socket_timeout_fails_its_calls_as_lost(
+        pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipelining, "UNTIMED_READS", True)
+    now = frozen_clock(monkeypatch)
+    pool.socket_timeout = 5.0
+    shared = SharedConnection(pool)
+    calls = [caller(shared, [cmd(n)]) for n in range(3)]  # a batch: a reader task reads it
+    await settle()
+    conn, = pool.handed
+    assert conn.read_timeouts == [math.inf]  # no timer of redis-py's: the reader's own
+    now[0] += 4.9
+    await settle()
+    assert not any(call.done() for call in calls)
+    now[0] += 0.2
+    await settle()
+    await settle()
+    for call in calls:
+        with pytest.raises(redis.TimeoutError, match="Timeout reading from"):
+            await call
+        assert not was_unsent(call.exception())  # possibly applied: never sent again
+    assert pool.released == [conn] and conn.disconnects >= 1
+    again = caller(shared, [cmd(9)])  # the next call goes out on a new connection
+    await settle()
+    assert pool.handed[1].writes == [[cmd(9)]]
+    pool.handed[1].replies.put_nowait("nine")
+    await settle()
+    assert await again == ["nine"]
+
+
+async def test_each_reply_has_the_socket_timeout_from_the_start_of_its_own_read(
+        pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipelining, "UNTIMED_READS", True)
+    now = frozen_clock(monkeypatch)
+    pool.socket_timeout = 5.0
+    shared = SharedConnection(pool)
+    first, second = (caller(shared, [cmd(n)]) for n in range(2))
+    await settle()
+    conn, = pool.handed
+    now[0] += 4.0
+    conn.replies.put_nowait("one")
+    await settle()
+    assert first.done()
+    now[0] += 4.0  # 8 s since the batch's first read, 4 s since this one's
+    await settle()
+    assert not second.done()
+    conn.replies.put_nowait("two")
+    await settle()
+    assert (await first, await second) == (["one"], ["two"])
+    assert conn.disconnects == 0 and shared._conn is conn
+
+
+async def test_a_call_alone_reads_under_redis_pys_own_timeout(
+        pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A caller reading its own reply is not a reader task the deadline could cancel: a
+    # cancellation there is the caller's own (its reply is then read and dropped).
+    monkeypatch.setattr(pipelining, "UNTIMED_READS", True)
+    pool.socket_timeout = 5.0
+    shared = SharedConnection(pool)
+    warm = caller(shared, [cmd(0)])
+    await settle()
+    conn, = pool.handed
+    conn.replies.put_nowait(0)
+    await warm
+    alone = caller(shared, [cmd(1)])
+    await settle()
+    conn.replies.put_nowait(1)
+    assert await alone == [1]
+    assert conn.read_timeouts[-1] is None  # the connection's socket timeout, redis-py's way
+
+
+async def test_before_redis_py_8_1_every_reply_is_read_under_redis_pys_own_timer(
+        pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipelining, "UNTIMED_READS", False)  # math.inf would arm a timer anyway
+    pool.socket_timeout = 5.0
+    shared = SharedConnection(pool)
+    calls = [caller(shared, [cmd(n)]) for n in range(2)]
+    await settle()
+    conn, = pool.handed
+    for n in range(2):
+        conn.replies.put_nowait(n)
+    assert await asyncio.gather(*calls) == [[0], [1]]
+    assert conn.read_timeouts == [None, None]
