@@ -155,31 +155,34 @@ def _own_copy(failure: BaseException) -> BaseException:
 
 
 class _Deadline:
-    """A reader task's socket timeout: each reply due within ``timeout`` of the start of its
-    read, watched by one timer that is re-armed only when it fires early (a reply came in the
-    meantime), never per reply. Expired, it cancels the reader, which takes the cancellation
-    for a timeout (:attr:`expired`)."""
+    """A reader task's socket timeout: each reply due within the connection's
+    ``socket_timeout`` (read at each read's start: redis-py relaxes it during a server's
+    maintenance) of the start of its read, watched by one timer that is re-armed only when it
+    fires early (a reply came in the meantime), never per reply. Expired, it cancels the
+    reader, which takes the cancellation for a timeout (:attr:`expired`)."""
 
-    __slots__ = ("due", "expired", "handle", "loop", "reader", "timeout")
+    __slots__ = ("conn", "due", "expired", "handle", "loop", "reader")
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
         self.loop = asyncio.get_running_loop()
         self.reader = asyncio.current_task()
-        self.timeout = timeout
-        self.due = 0.0
+        self.due = math.inf
         self.expired = False
         self.handle: asyncio.TimerHandle | None = None
 
     def reading(self) -> None:
-        """A read starts: its reply is due within the timeout."""
-        self.due = self.loop.time() + self.timeout
-        if self.handle is None:
+        """A read starts: its reply is due within the socket timeout (None: whenever)."""
+        timeout = self.conn.socket_timeout
+        self.due = math.inf if timeout is None else self.loop.time() + timeout
+        if self.handle is None and timeout is not None:
             self.handle = self.loop.call_at(self.due, self._check)
 
     def _check(self) -> None:
         self.handle = None
         if self.loop.time() < self.due:  # a reply came meanwhile: the read now pending is due later
-            self.handle = self.loop.call_at(self.due, self._check)
+            if self.due != math.inf:
+                self.handle = self.loop.call_at(self.due, self._check)
         elif self.reader is not None:
             self.expired = True
             self.reader.cancel()
@@ -362,9 +365,7 @@ class SharedConnection:
         # This connection's calls: once it is dropped (_lost), self._in_flight holds the next
         # connection's, and a reply still read here must not be taken for one of theirs.
         in_flight = self._in_flight
-        timeout = getattr(conn, "socket_timeout", None)
-        deadline = (_Deadline(timeout) if own is None and UNTIMED_READS and timeout is not None
-                    else None)
+        deadline = _Deadline(conn) if own is None and UNTIMED_READS else None
         try:
             while self._conn is conn and in_flight and (own is None or not own.future.done()):
                 exchange = in_flight[0]

@@ -573,3 +573,26 @@ async def test_before_redis_py_8_1_every_reply_is_read_under_redis_pys_own_timer
         conn.replies.put_nowait(n)
     assert await asyncio.gather(*calls) == [[0], [1]]
     assert conn.read_timeouts == [None, None]
+
+
+async def test_a_read_is_due_within_the_socket_timeout_the_connection_has_when_it_starts(
+        pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # redis-py relaxes a connection's socket timeout while the server announces maintenance:
+    # a read started then is due later.
+    monkeypatch.setattr(pipelining, "UNTIMED_READS", True)
+    now = frozen_clock(monkeypatch)
+    pool.socket_timeout = 5.0
+    shared = SharedConnection(pool)
+    first, second = (caller(shared, [cmd(n)]) for n in range(2))
+    await settle()
+    conn, = pool.handed
+    conn.socket_timeout = 20.0  # relaxed before the first reply came
+    conn.replies.put_nowait("one")
+    await settle()
+    now[0] += 10.0  # past 5 s, within 20
+    await settle()
+    await settle()
+    assert not second.done()
+    conn.replies.put_nowait("two")
+    await settle()
+    assert (await first, await second) == (["one"], ["two"])
