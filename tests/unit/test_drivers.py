@@ -153,6 +153,20 @@ async def test_a_cancellation_is_thrown_in_and_the_clean_up_runs_before_it_is_ra
     assert not transport.script
 
 
+async def cancelled_again(task: asyncio.Future[Any], transport: AsyncScripted,
+                          release: asyncio.Event) -> None:
+    """``task``, whose clean-up waits for ``release``, cancelled again: it ends at once, and
+    its clean-up is held in the background until it ends."""
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    kept = [held for held in drivers._background if not held.done()]
+    assert len(kept) == 1  # held until it ends
+    release.set()
+    await asyncio.wait(kept)
+    assert not transport.script and kept[0] not in drivers._background
+
+
 async def test_a_second_cancellation_leaves_the_clean_up_running_in_the_background() -> None:
     release = asyncio.Event()
     transport = AsyncScripted([Held(release, 1)], cancel_at=0)
@@ -162,14 +176,7 @@ async def test_a_second_cancellation_leaves_the_clean_up_running_in_the_backgrou
     for _ in range(5):  # the clean-up starts and waits for its reply
         await asyncio.sleep(0)
     assert transport.log == [GET, UNDO]
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    kept = [held for held in drivers._background if not held.done()]
-    assert len(kept) == 1  # held until it ends
-    release.set()
-    await asyncio.wait(kept)
-    assert not transport.script and kept[0] not in drivers._background
+    await cancelled_again(task, transport, release)
 
 
 async def test_a_cancellation_lost_on_its_way_is_raised_after_the_operation() -> None:
@@ -298,14 +305,7 @@ async def test_adrive_step_cancelled_again_leaves_the_clean_up_running() -> None
     for _ in range(5):  # the clean-up starts and waits for its reply
         await asyncio.sleep(0)
     assert transport.log[1:] == [UNDO]
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    kept = [held for held in drivers._background if not held.done()]
-    assert len(kept) == 1  # held until it ends
-    release.set()
-    await asyncio.wait(kept)
-    assert not transport.script and kept[0] not in drivers._background
+    await cancelled_again(task, transport, release)
 
 
 class DirectCall(AsyncScripted):

@@ -491,14 +491,22 @@ def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return now
 
 
-async def test_a_reader_given_no_reply_within_the_socket_timeout_fails_its_calls_as_lost(
-        pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+async def timed_batch(pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch, calls: int
+                      ) -> tuple[list[float], SharedConnection, list[asyncio.Task[list[Any]]]]:
+    """``calls`` calls written as one batch, read by a reader task on redis-py 8.1's untimed
+    reads, with a 5 s socket timeout and the loop's clock frozen: (clock, shared, calls)."""
     monkeypatch.setattr(pipelining, "UNTIMED_READS", True)
     now = frozen_clock(monkeypatch)
     pool.socket_timeout = 5.0
     shared = SharedConnection(pool)
-    calls = [caller(shared, [cmd(n)]) for n in range(3)]  # a batch: a reader task reads it
+    tasks = [caller(shared, [cmd(n)]) for n in range(calls)]
     await settle()
+    return now, shared, tasks
+
+
+async def test_a_reader_given_no_reply_within_the_socket_timeout_fails_its_calls_as_lost(
+        pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    now, shared, calls = await timed_batch(pool, monkeypatch, 3)
     conn, = pool.handed
     assert conn.read_timeouts == [math.inf]  # no timer of redis-py's: the reader's own
     now[0] += 4.9
@@ -522,12 +530,7 @@ async def test_a_reader_given_no_reply_within_the_socket_timeout_fails_its_calls
 
 async def test_each_reply_has_the_socket_timeout_from_the_start_of_its_own_read(
         pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipelining, "UNTIMED_READS", True)
-    now = frozen_clock(monkeypatch)
-    pool.socket_timeout = 5.0
-    shared = SharedConnection(pool)
-    first, second = (caller(shared, [cmd(n)]) for n in range(2))
-    await settle()
+    now, shared, (first, second) = await timed_batch(pool, monkeypatch, 2)
     conn, = pool.handed
     now[0] += 4.0
     conn.replies.put_nowait("one")
@@ -579,12 +582,7 @@ async def test_a_read_is_due_within_the_socket_timeout_the_connection_has_when_i
         pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
     # redis-py relaxes a connection's socket timeout while the server announces maintenance:
     # a read started then is due later.
-    monkeypatch.setattr(pipelining, "UNTIMED_READS", True)
-    now = frozen_clock(monkeypatch)
-    pool.socket_timeout = 5.0
-    shared = SharedConnection(pool)
-    first, second = (caller(shared, [cmd(n)]) for n in range(2))
-    await settle()
+    now, _shared, (first, second) = await timed_batch(pool, monkeypatch, 2)
     conn, = pool.handed
     conn.socket_timeout = 20.0  # relaxed before the first reply came
     conn.replies.put_nowait("one")
