@@ -126,6 +126,36 @@ async def test_replies_lost_with_their_batch_are_each_applied_once(
     assert applied() == ([2] + [1] * 7, [1] * 4)
 
 
+async def test_a_reader_task_given_no_reply_times_its_batch_out_each_applied_once(
+        short_timeouts: None) -> None:
+    # The batch's replies are read by a reader task (its first caller, alone, is cancelled
+    # while reading and hands the reading over): on redis-py 8.1 it keeps the socket timeout
+    # with a timer of its own (pipelining._Deadline), before with redis-py's per read. Either
+    # way the calls fail as timed out while the server is still stopped.
+    policy = Policy("deadline-batch", rate="100/h", algorithm="fixed_window")
+    assert (await policy.ahit("warm")).allowed
+    connection = shared()
+    with paused(server_pid()):
+        first = asyncio.ensure_future(policy.ahit("user0"))  # alone: it reads its own reply
+        rest = [asyncio.ensure_future(policy.ahit(f"user{n}")) for n in range(1, 8)]
+        await auntil(lambda: len(connection._in_flight) == 8 and not connection._writing,
+                     what="the 8 calls to be written")
+        first.cancel()
+        await auntil(lambda: connection._reader is not None and not connection._reader.done(),
+                     what="a reader task to take the reading over")
+        # A bound against hanging, not a timing: the server stays stopped meanwhile.
+        outcomes = await asyncio.wait_for(asyncio.gather(*rest, return_exceptions=True), 60)
+    assert all(isinstance(outcome, redis.TimeoutError) for outcome in outcomes), outcomes
+    with pytest.raises(asyncio.CancelledError):
+        await first
+
+    def applied() -> list[int]:
+        return [100 - policy.peek(f"user{n}").remaining for n in range(8)]
+
+    await auntil(lambda: applied() == [1] * 8, what="the written calls to run")
+    assert (await policy.ahit("user1")).remaining == 98  # once: nothing was sent again
+
+
 async def test_tasks_cancelled_in_a_batch_leave_no_slot_and_the_others_get_their_own() -> None:
     policy = Policy("cancel-batch", algorithm="concurrency", limit=10, timeout="10m")
     gauge = Policy("cancel-batch-gauge", rate="100/h", algorithm="fixed_window")
