@@ -41,9 +41,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_ratelimit import check_loopback
 
 Call = Callable[[str], Awaitable[Any]]
 QUOTA = 10**9  # no call is ever denied: the allowed path only
@@ -63,12 +64,6 @@ def setup_django(url: str) -> None:
     settings.configure(INSTALLED_APPS=["django_redislua"],
                        REDISLUA={"CONNECTION": url, "METRICS": []})
     django.setup()
-
-
-def check_loopback(url: str) -> None:
-    host = urlsplit(url).hostname or ""
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        raise SystemExit(f"REDIS_URL {url!r} is not a loopback address: this benchmark floods it")
 
 
 def contenders(url: str) -> list[Contender]:
