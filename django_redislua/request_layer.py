@@ -444,6 +444,7 @@ def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any, *,
     else:
         report_recovery()
     outcome = _concluded(request, applied, decisions)
+    # signalling sends for denials only: an allowed request (the hot path) skips its protocol.
     if any(not decision.allowed for decision in outcome.made):
         run(signalling(request, outcome.made, sender))
     return outcome
