@@ -2,9 +2,13 @@
 contender on the allowed path with its own keys.
 
     .venv/bin/python benchmarks/bench_concurrency.py [--tasks 64] [--seconds 1.5] [--rounds 5]
-        [--tail-rounds 3] [--json PATH]
+        [--tail-rounds 3] [--cluster] [--json PATH]
 
-Uses REDIS_URL if set (loopback only), else starts its own loopback server. Contenders, each
+Uses REDIS_URL if set (loopback only), else starts its own loopback server; ``--cluster``
+starts a 3-primary Redis Cluster instead (no replicas), where the peers are left out, the
+bare ``INCR`` goes to its key's primary (:func:`routed_incr`), and Redis's CPU is every
+primary's.
+Contenders, each
 with ``--tasks`` asyncio tasks, every task cycling through identities of its own under a quota
 no call exhausts:
 
@@ -66,12 +70,14 @@ def setup_django(url: str) -> None:
     django.setup()
 
 
-def contenders(url: str) -> list[Contender]:
+def contenders(url: str, cluster: bool) -> list[Contender]:
     import redis.asyncio
 
     from django_redislua import Policy
 
     def bare_incr() -> Call:
+        if cluster:
+            return routed_incr(url)
         client = redis.asyncio.Redis.from_url(url)
         return client.incr
 
@@ -85,8 +91,30 @@ def contenders(url: str) -> list[Contender]:
         found.append(Contender(f"ours {algorithm}", ours(algorithm), pipelining=True))
         found.append(Contender(f"ours {algorithm}, PIPELINING=False", ours(algorithm),
                                pipelining=False))
-    found += throttled_peers(url) + limits_peers(url)
+    if not cluster:
+        found += throttled_peers(url) + limits_peers(url)
     return found
+
+
+def routed_incr(url: str) -> Call:
+    """A bare ``INCR`` on a cluster: each sent by a ``redis.asyncio.Redis`` of its key's
+    primary, found in redis-py's slot table. (redis-py 8.1's asyncio ``RedisCluster`` failed
+    here under 64 concurrent calls: a connection written before it was connected.)"""
+    import redis.asyncio
+    import redis.cluster
+
+    router = redis.cluster.RedisCluster.from_url(plain(url))
+    clients = {node.name: redis.asyncio.Redis(host=node.host, port=node.port)
+               for node in router.get_primaries()}
+
+    def incr(key: str) -> Awaitable[Any]:
+        return clients[router.get_node_from_key(key).name].incr(key)
+    return incr
+
+
+def plain(url: str) -> str:
+    """A cluster's URL as redis-py takes it (ours names the kind in its scheme)."""
+    return url.replace("redis+cluster://", "redis://", 1)
 
 
 def throttled_peers(url: str) -> list[Contender]:
@@ -125,11 +153,17 @@ def limits_peers(url: str) -> list[Contender]:
         ("sliding counter", strategies.SlidingWindowCounterRateLimiter))]
 
 
-def server_cpu(client: Any) -> float:
-    info = client.info("cpu")
-    if "used_cpu_user_main_thread" in info:
-        return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+def server_cpu(clients: list[Any]) -> float:
+    """Seconds of CPU the servers' main threads have used (each primary's, on a cluster)."""
+    used = 0.0
+    for client in clients:
+        info = client.info("cpu")
+        if "used_cpu_user_main_thread" in info:
+            used += (float(info["used_cpu_user_main_thread"])
+                     + float(info["used_cpu_sys_main_thread"]))
+        else:
+            used += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return used
 
 
 async def rate(call: Call, tasks: int, seconds: float, tag: str) -> int:
@@ -188,7 +222,7 @@ def switched(pipelining: bool | None) -> Any:
     return override_settings(REDISLUA={**settings.REDISLUA, "PIPELINING": pipelining})
 
 
-async def measure(found: list[Contender], args: argparse.Namespace, sync_client: Any
+async def measure(found: list[Contender], args: argparse.Namespace, servers: list[Any]
                   ) -> dict[str, Any]:
     rng = random.Random(args.seed)
     rounds: list[dict[str, dict[str, float]]] = []
@@ -200,11 +234,11 @@ async def measure(found: list[Contender], args: argparse.Namespace, sync_client:
             with switched(contender.pipelining):
                 call = contender.make()
                 await rate(call, args.tasks, 0.2, f"warm{round_}")  # connections, scripts
-                cpu = server_cpu(sync_client)
+                cpu = server_cpu(servers)
                 start = time.perf_counter()
                 done = await rate(call, args.tasks, args.seconds, f"r{round_}")
                 elapsed = time.perf_counter() - start
-                used = server_cpu(sync_client) - cpu
+                used = server_cpu(servers) - cpu
             got[contender.name] = {"per_s": done / elapsed, "server_us": used / done * 1e6}
         base = got["redis-py INCR"]["per_s"]
         for figures in got.values():
@@ -250,7 +284,8 @@ async def measure(found: list[Contender], args: argparse.Namespace, sync_client:
 
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> None:
-    print(f"\n{args.tasks} asyncio tasks, {args.rounds} rounds of {args.seconds:g} s each "
+    where = " on a 3-primary cluster" if args.cluster else ""
+    print(f"\n{args.tasks} asyncio tasks{where}, {args.rounds} rounds of {args.seconds:g} s each "
           f"(medians; ratio: to redis-py INCR in the same round, [min-max] over rounds)")
     print(f"{'contender':42} {'decisions/s':>12} {'x INCR':>7} {'range':>13} "
           f"{'server us':>10} {'lone x INCR':>12} {'p99 us':>8}")
@@ -288,15 +323,17 @@ def main() -> int:
     parser.add_argument("--lone", type=int, default=500)
     parser.add_argument("--tail-rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=39)
+    parser.add_argument("--cluster", action="store_true",
+                        help="a 3-primary Redis Cluster of its own (REDIS_URL ignored)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
-    from django_redislua.testing import RedisServer
+    from django_redislua.testing import RedisClusterServers, RedisServer
 
-    url = os.environ.get("REDIS_URL")
-    server = None
+    url = None if args.cluster else os.environ.get("REDIS_URL")
+    server: Any = None
     if url is None:
-        server = RedisServer()
+        server = RedisClusterServers(primaries=3, replicas=0) if args.cluster else RedisServer()
         server.start()
         url = server.url
     check_loopback(url)
@@ -304,11 +341,14 @@ def main() -> int:
         setup_django(url)
         import redis
 
-        sync_client = redis.Redis.from_url(url)
+        if args.cluster:
+            servers = [s.client() for s in server.servers]
+        else:
+            servers = [redis.Redis.from_url(url)]
         print(f"Python {platform.python_version()}, redis-py {redis.__version__}, "
-              f"server {sync_client.info('server')['redis_version']}", file=sys.stderr)
-        found = contenders(url)
-        results = asyncio.run(measure(found, args, sync_client))
+              f"server {servers[0].info('server')['redis_version']}", file=sys.stderr)
+        found = contenders(url, args.cluster)
+        results = asyncio.run(measure(found, args, servers))
         report(results, args)
         if args.json:
             args.json.write_text(json.dumps(results, indent=2))

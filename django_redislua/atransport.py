@@ -13,7 +13,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis
@@ -276,8 +276,10 @@ class AsyncServerTransport(AsyncTransport):
 
 
 class AsyncClusterTransport(AsyncTransport):
-    """The asyncio twin of :class:`ClusterTransport`: each group is sent by its node's own
-    ``execute_pipeline`` (one write on one connection, never retried), nodes concurrently."""
+    """The asyncio twin of :class:`ClusterTransport`: each group goes to its node, nodes
+    concurrently, sent once. With pipelining, on the node's shared connection (the groups of
+    every task in flight to that node share its writes and reads); else, and for a blocking
+    command, by the node's own ``execute_pipeline`` (one write on one connection)."""
 
     def __init__(self, cluster: redis.asyncio.cluster.RedisCluster) -> None:
         super().__init__()
@@ -286,15 +288,51 @@ class AsyncClusterTransport(AsyncTransport):
         if not (exchange.TABLE_REFRESH and hasattr(cluster, "nodes_manager")):
             raise unsupported("cluster NodesManager.initialize (nodes_manager)")
         self.client = cluster
+        self._shared: dict[str, pipelining.SharedConnection] = {}  # by node name
         if not exchange.ASYNC_CLUSTER_PUBSUB:
             self.operations.update({Subscribe: self.poll, Listen: self.polled,
                                     Unsubscribe: self.unpolled, Inbox: self.poll_inbox})
 
     async def send(self, op: Send) -> Replies:
         await self.client.initialize()  # a new client discovers the cluster before routing
-        pipelines = self.pipelines(op)
+        return await self.exchanged(self.targets(op))
+
+    def exchanged(self, targets: list[tuple[Any, tuple[Command, ...]]]
+                  ) -> Awaitable[Replies]:
+        """The replies of each group at its node, to await: on the nodes' shared connections
+        (pipelining) unless a command blocks, else each as its node's pipeline."""
+        if all(pipelining.shares(group) for _node, group in targets):
+            shared = [self.shared(node) for node, _group in targets]
+            if None not in shared:
+                return pipelining.gathered(
+                    [connection.exchange(group)  # type: ignore[union-attr]
+                     for connection, (_node, group) in zip(shared, targets, strict=True)])
+        return self.pipelined([(node, pipeline(group)) for node, group in targets])
+
+    async def pipelined(self, pipelines: list[tuple[Any, list[Any]]]) -> Replies:
         await asyncio.gather(*self.sent(pipelines))
         return self.results(pipelines)
+
+    def shared(self, node: Any) -> pipelining.SharedConnection | None:
+        """``node``'s shared connection (None: pipelining is off for it). A node object new
+        under a known name (redis-py before 8.1 builds new ones when it reads the table)
+        retires the old one's."""
+        found = self._shared.get(node.name)
+        if found is not None and found.pool.node is node:
+            return found
+        if not pipelining.node_eligible(node):
+            return None
+        if found is not None:
+            found.retire()
+        found = self._shared[node.name] = pipelining.SharedConnection(pipelining.NodePool(node))
+        return found
+
+    def _retire_stale(self) -> None:
+        """The shared connections of nodes no longer in the table are closed (once idle)."""
+        for name, shared in list(self._shared.items()):
+            if self.client.get_node(node_name=name) is not shared.pool.node:
+                del self._shared[name]
+                shared.retire()
 
     @staticmethod
     def sent(pipelines: list[tuple[Any, list[Any]]]) -> list[Any]:
@@ -305,9 +343,8 @@ class AsyncClusterTransport(AsyncTransport):
     def results(pipelines: list[tuple[Any, list[Any]]]) -> Replies:
         return [[command.result for command in commands] for _node, commands in pipelines]
 
-    def pipelines(self, op: Send) -> list[tuple[Any, list[Any]]]:
-        from redis.asyncio.cluster import PipelineCommand
-
+    def targets(self, op: Send) -> list[tuple[Any, tuple[Command, ...]]]:
+        """Each group and the node it goes to."""
         cluster, found = self.client, []
         for key, group in op.groups:
             try:
@@ -318,24 +355,21 @@ class AsyncClusterTransport(AsyncTransport):
                 raise
             if node is None:
                 raise unsent(redis.exceptions.ClusterError(f"no cluster node at {op.address}"))
-            found.append((node, [PipelineCommand(i, *command) for i, command in enumerate(group)]))
+            found.append((node, group))
         return found
 
     async def loaded(self, op: Load) -> list[Any]:
         await self.client.initialize()
-        pipelines = self.everywhere(op)
-        await asyncio.gather(*self.sent(pipelines))
-        return flatten_replies(self.results(pipelines))
+        return flatten_replies(await self.pipelined(self.everywhere(op)))
 
     def everywhere(self, op: Load) -> list[tuple[Any, list[Any]]]:
         """The load as a one-command pipeline for every primary."""
-        from redis.asyncio.cluster import PipelineCommand
-
-        return [(node, [PipelineCommand(0, *op.command)])
+        return [(node, pipeline((op.command,)))
                 for node in self.client.get_nodes() if node.server_type == "primary"]
 
     async def refresh(self, op: Refresh) -> bool:
         await self.client.nodes_manager.initialize()
+        self._retire_stale()
         return True
 
     # redis-py before 8.0 has no asyncio cluster pub/sub: a wait there wakes every
@@ -355,6 +389,13 @@ class AsyncClusterTransport(AsyncTransport):
     @staticmethod
     def unpolled(op: Unsubscribe) -> Any:
         return asyncio.sleep(0)
+
+
+def pipeline(group: Sequence[Command]) -> list[Any]:
+    """``group`` as the commands of a node's ``execute_pipeline``."""
+    from redis.asyncio.cluster import PipelineCommand
+
+    return [PipelineCommand(i, *command) for i, command in enumerate(group)]
 
 
 class Polling:

@@ -103,14 +103,23 @@ ASYNC_CAN_READ = ("can_read" if hasattr(redis.asyncio.connection.Connection, "ca
 async def arefreshed(conn: Connection) -> None:
     """Check a kept asyncio connection as the pool checks one it hands out: data waiting (a
     push message, a reply nobody read) or a socket the server closed means a reconnect, before
-    anything is sent on it (a failure here sent nothing)."""
+    anything is sent on it (a failure here sent nothing). So does a connection redis-py marked
+    for one (a cluster's table changed, a server's maintenance): the pool would reconnect it as
+    it comes back, which a kept connection never does."""
     try:
-        if conn.is_connected and await getattr(conn, ASYNC_CAN_READ)():
+        if conn.is_connected and (_marked_for_reconnect(conn)
+                                  or await getattr(conn, ASYNC_CAN_READ)()):
             await conn.disconnect()
     except (redis.ConnectionError, redis.TimeoutError, OSError):
         await conn.disconnect()
     if not conn.is_connected:
         await conn.connect()
+
+
+def _marked_for_reconnect(conn: Connection) -> bool:
+    """redis-py 7.1 and newer mark a connection in use for a reconnect on release."""
+    marked = getattr(conn, "should_reconnect", None)
+    return marked is not None and marked() is True
 
 
 def packer(pool: Any) -> Any:
@@ -123,7 +132,7 @@ def packer(pool: Any) -> Any:
     if hiredis_pack is None:
         return None
     kwargs = pool.connection_kwargs
-    if isinstance(pool, redis.asyncio.ConnectionPool):
+    if issubclass(pool.connection_class, redis.asyncio.connection.AbstractConnection):
         encoding = str(kwargs.get("encoding", "utf-8")).lower().replace("_", "-")
         utf8 = encoding in ("utf-8", "utf8") and kwargs.get("encoding_errors", "strict") == "strict"
         return hiredis_pack if utf8 else None

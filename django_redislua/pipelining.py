@@ -36,8 +36,11 @@ Every guarantee of the per-call path holds:
   share the connection (they would hold every other call behind them): they take the per-call
   path.
 
-Single servers only (a plain pool); a cluster sends each node's group as redis-py's pipeline,
-and threads take the per-call path (docs/ratelimit.md, "Automatic pipelining").
+A single server's shared connection is one of its plain pool's; a cluster's transport keeps
+one per primary, taken from that node's connections (:class:`NodePool`, redis-py 6.4 and newer),
+so a batch is per node, and gives it back closed once the node leaves the cluster's table
+(:meth:`SharedConnection.retire`). Threads take the per-call path (docs/ratelimit.md,
+"Automatic pipelining").
 """
 
 from __future__ import annotations
@@ -53,14 +56,15 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.asyncio.connection
 from redis.exceptions import ResponseError
 
 from django_redislua import lean
 from django_redislua.conf import settings
 from django_redislua.connection import checkout
-from django_redislua.drivers import adrive
-from django_redislua.protocol import unsent
+from django_redislua.drivers import adrive, keep_running
+from django_redislua.protocol import unsent, was_unsent
 
 Command = tuple[Any, ...]
 T = TypeVar("T")
@@ -107,6 +111,52 @@ def eligible(pool: Any) -> bool:
     return SUPPORTED and settings.PIPELINING and lean.plain(pool) and pool.max_connections >= 2
 
 
+def has_node_release() -> bool:
+    """Feature test (docs/versions.md): an asyncio cluster node hands out and takes back a
+    connection through public methods (``ClusterNode.acquire_connection`` and ``release``,
+    redis-py 6.4 and newer); before, a cluster's calls each go out as their node's pipeline."""
+    node = redis.asyncio.cluster.ClusterNode
+    return hasattr(node, "acquire_connection") and hasattr(node, "release")
+
+
+NODE_RELEASE = has_node_release()
+
+
+def node_eligible(node: Any) -> bool:
+    """Whether a cluster's asyncio transport shares a connection to ``node``: the setting, and
+    redis-py's node API (:func:`has_node_release`)."""
+    return (SUPPORTED and NODE_RELEASE and settings.PIPELINING and node.max_connections >= 2
+            and not node.connection_kwargs.get("cache_config"))
+
+
+class NodePool:
+    """An asyncio cluster node as the pool its shared connection is taken from: what
+    :class:`SharedConnection` asks of a pool, on the node's own connections (counted against
+    its ``max_connections``, closed with the cluster client)."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self.connection_class = node.connection_class
+        self.connection_kwargs = node.connection_kwargs
+
+    def get_connection(self) -> Awaitable[Any]:
+        """A connection of the node's, connected and checked as a pool's (a failure here
+        sent nothing, and the connection goes back)."""
+        return adrive(self._opened(), AWAITED)
+
+    def _opened(self) -> Steps[Any]:
+        conn = self.node.acquire_connection()
+        try:
+            yield lean.arefreshed(conn)
+        except BaseException:
+            self.node.release(conn)
+            raise
+        return conn
+
+    async def release(self, conn: Any) -> None:
+        self.node.release(conn)
+
+
 def shares(commands: Sequence[Command]) -> bool:
     """Whether an exchange may go on the shared connection (no blocking command)."""
     return not any(str(command[0]).upper() in BLOCKING for command in commands)
@@ -140,6 +190,32 @@ def _fail(exchanges: Any, failure: Exception | None, nothing_sent: bool = False)
                 with contextlib.suppress(TypeError):
                     mine = unsent(mine)
             exchange.future.set_exception(mine)
+
+
+def gathered(exchanges: list[Awaitable[list[Any]]]) -> Awaitable[list[list[Any]]]:
+    """The replies of exchanges made on several shared connections at once (a cluster's
+    nodes), in order. A failure is raised once every exchange has ended, and as possibly sent
+    unless none of them went out: a send is retried whole, and what one node applied must not
+    be sent again because another's connection could not be opened."""
+    if len(exchanges) == 1:
+        return _listed(exchanges[0])
+    return adrive(_gathering(exchanges), AWAITED)
+
+
+async def _listed(exchange: Awaitable[list[Any]]) -> list[list[Any]]:
+    return [await exchange]
+
+
+def _gathering(exchanges: list[Awaitable[list[Any]]]) -> Steps[list[list[Any]]]:
+    outcomes = yield asyncio.gather(*exchanges, return_exceptions=True)
+    failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+    if not failures:
+        return outcomes  # type: ignore[no-any-return]
+    failure = failures[0]
+    nothing_sent = len(failures) == len(outcomes) and all(map(was_unsent, failures))
+    if was_unsent(failure) and not nothing_sent:
+        failure = _own_copy(failure)  # a new exception, not marked unsent
+    raise failure
 
 
 def _own_copy(failure: BaseException) -> BaseException:
@@ -211,6 +287,7 @@ class SharedConnection:
         # a connection dropped after a failure goes back to the pool when the last one leaves
         # it, never while another task could still touch its socket.
         self._using: dict[Any, int] = {}
+        self._retired = False  # closed whenever idle (its cluster node left the table)
 
     def exchange(self, commands: Sequence[Command]) -> Awaitable[list[Any]]:
         """``commands``' replies (an error reply as its exception), sent once: an awaitable.
@@ -411,6 +488,18 @@ class SharedConnection:
                     self._reading = None
                 yield from self._leave(conn)
 
+    def retire(self) -> None:
+        """Its cluster node left the table (a failover, a node removed): the connection is
+        closed and given back now if idle, else once the calls in flight on it are answered,
+        and again after any call made on it later (a caller that found it before)."""
+        self._retired = True
+        conn = self._conn
+        if conn is None or self._writing or self._pending or self._in_flight or conn in self._using:
+            return
+        self._conn = None
+        closing = asyncio.get_running_loop().create_task(adrive(self._dropped(conn), AWAITED))
+        keep_running(closing)
+
     def _lost(self, conn: Any, failure: BaseException) -> None:
         """``conn`` failed: every exchange written on it (or being written) fails as a reply
         lost, and it is dropped (the next write opens another)."""
@@ -429,11 +518,16 @@ class SharedConnection:
             self._using[conn] = left
             return
         del self._using[conn]
+        if conn is self._conn and self._retired and not self._pending and not self._in_flight:
+            self._conn = None
         if conn is not self._conn:  # dropped: closed (what was sent on it is lost), given back
-            try:
-                yield conn.disconnect()
-            finally:
-                yield self.pool.release(conn)
+            yield from self._dropped(conn)
+
+    def _dropped(self, conn: Any) -> Steps[None]:
+        try:
+            yield conn.disconnect()
+        finally:
+            yield self.pool.release(conn)
 
 
 def _address(conn: Any) -> str:

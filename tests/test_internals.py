@@ -71,6 +71,8 @@ ROWS: dict[str, tuple[Callable[[], Any], Callable[[], bool]]] = {
         (pipelining.has_connection_api, lambda: True),
     "`read_response(timeout=math.inf)` reading with no timer of redis-py's own (asyncio)":
         (pipelining.has_untimed_reads, lambda: pipelining.UNTIMED_READS),
+    "`ClusterNode.acquire_connection`, `ClusterNode.release` (asyncio)":
+        (pipelining.has_node_release, lambda: lean._version(redis.__version__) >= (6, 4)),
     "`caches[alias]._cache.get_client(write=True)`": (connection.has_django_cache_client,
                                                       lambda: True),
     "`response._has_been_logged`, read by `django.utils.log.log_response`":
@@ -206,6 +208,20 @@ def test_without_hiredis_available_redis_py_packs(monkeypatch: pytest.MonkeyPatc
                                                 and redis.utils.HIREDIS_AVAILABLE)
     monkeypatch.setattr(lean, "HIREDIS_AVAILABLE", False)
     assert lean.packer(pool) is None
+
+
+@pytest.mark.unit
+def test_without_a_cluster_nodes_release_its_calls_are_not_batched(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    node = redis.asyncio.cluster.ClusterNode("127.0.0.1", 1, server_type="primary")
+    cluster = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=1)
+    found = atransport.AsyncClusterTransport(cluster)
+    if pipelining.NODE_RELEASE:
+        assert isinstance(found.shared(node), pipelining.SharedConnection)
+    monkeypatch.delattr(redis.asyncio.cluster.ClusterNode, "release")
+    assert not pipelining.has_node_release()
+    monkeypatch.setattr(pipelining, "NODE_RELEASE", False)
+    assert atransport.AsyncClusterTransport(cluster).shared(node) is None
 
 
 def torn_down_read(url: str) -> BaseException:

@@ -4,23 +4,27 @@ limit, every algorithm; their calls reach Redis in a few reads (counted by the s
 command; replies lost with a batch are each applied once and never sent again; tasks cancelled
 in a batch leave nothing held while their batch-mates get their own replies.
 
-Single server (the shared connection's topology); the lost-reply and cancellation tests of
-tests/test_lost_replies.py run their asyncio calls on it too, alone in their batch.
+The tests marked ``topologies`` run on the single server and again on the 6-node cluster,
+where each primary has a shared connection of its own (a batch per node); the lost-reply and
+cancellation tests of tests/test_lost_replies.py run their asyncio calls on the single server's
+too, alone in their batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
+import redis.cluster
 from django.test import override_settings
 
 from django_redislua import Policy, pipelining
-from django_redislua.atransport import get_async_transport
-from django_redislua.connection import CLIENT_ERRORS, get_client
+from django_redislua.atransport import AsyncClusterTransport, get_async_transport
+from django_redislua.connection import CLIENT_ERRORS, get_client, primary_nodes
 from django_redislua.recipes import CappedCounter, RecipeUnavailable
 from django_redislua.testing import CommandRecorder
 from tests.settings import REDISLUA
@@ -47,16 +51,58 @@ def shared() -> pipelining.SharedConnection:
     return found
 
 
+def shared_connections() -> list[pipelining.SharedConnection]:
+    """The running loop's shared connections: the server's, or one per primary of a cluster
+    that has been called (asserted: the path under test is taken)."""
+    transport = get_async_transport()
+    if isinstance(transport, AsyncClusterTransport):
+        found = list(transport._shared.values())
+        assert found and all(isinstance(c, pipelining.SharedConnection) for c in found)
+        return found
+    return [shared()]
+
+
+def batched() -> bool:
+    """Whether this topology's asyncio calls share connections here: a cluster's nodes only on
+    redis-py 6.4 and newer (before, each call goes out as its node's pipeline)."""
+    return pipelining.NODE_RELEASE or not isinstance(get_client(), redis.cluster.RedisCluster)
+
+
+def needs_batches() -> None:
+    if not batched():
+        pytest.skip(f"redis-py {redis.__version__}: a cluster's calls are not batched")
+
+
+def in_flight() -> int:
+    return sum(len(connection._in_flight) for connection in shared_connections())
+
+
+def writing() -> bool:
+    return any(connection._writing for connection in shared_connections())
+
+
 def reads_processed() -> int:
-    """The server's count of reads from client sockets (INFO stats): one per socket read,
-    however many commands it brought."""
-    return int(get_client().info("stats")["total_reads_processed"])
+    """The servers' count of reads from client sockets (INFO stats, every primary): one per
+    socket read, however many commands it brought."""
+    return sum(int(client.info("stats")["total_reads_processed"])
+               for _name, client in primary_nodes())
 
 
 def server_pid() -> int:
     return int(get_client().info("server")["process_id"])
 
 
+@contextlib.contextmanager
+def primaries_paused() -> Iterator[None]:
+    """Every primary stopped (SIGSTOP) for the block (see tests/test_lean_path.paused). On the
+    cluster, all at once: no majority is left to fail one over."""
+    with contextlib.ExitStack() as stack:
+        for _name, client in primary_nodes():
+            stack.enter_context(paused(int(client.info("server")["process_id"])))
+        yield
+
+
+@pytest.mark.topologies
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 async def test_64_racing_tasks_admit_exactly_the_limit(algorithm: str) -> None:
     options: dict[str, Any] = {"burst": 10} if algorithm in ("token_bucket", "leaky_bucket",
@@ -69,11 +115,12 @@ async def test_64_racing_tasks_admit_exactly_the_limit(algorithm: str) -> None:
     assert sum(decision.allowed for decision in decisions) == 10
     assert {d.remaining for d in decisions if not d.allowed} == {0}
     assert (await policy.apeek("k")).remaining == 0
-    # The 64 calls shared their writes: far fewer reads than calls (one read each, unshared).
-    assert reads <= TASKS // 4, reads
-    shared()
+    if batched():  # the 64 calls shared their writes: far fewer reads than calls (one each)
+        assert reads <= TASKS // 4, reads
+        shared_connections()
 
 
+@pytest.mark.topologies
 async def test_a_concurrency_limit_raced_by_64_tasks_holds_exactly_its_slots() -> None:
     policy = Policy("race-slots", algorithm="concurrency", limit=10, timeout="10m")
     decisions = await asyncio.gather(*(policy.ahit("k") for _ in range(TASKS)))
@@ -85,6 +132,7 @@ async def test_a_concurrency_limit_raced_by_64_tasks_holds_exactly_its_slots() -
     assert get_client().zcard(key) == 0
 
 
+@pytest.mark.topologies
 async def test_each_decision_is_one_command_whatever_shares_its_write() -> None:
     policy = Policy("one-each", rate="1000/h", algorithm="gcra")
     await policy.apeek("warm")
@@ -92,6 +140,8 @@ async def test_each_decision_is_one_command_whatever_shares_its_write() -> None:
         decisions = await asyncio.gather(*(policy.ahit(f"user{n}") for n in range(TASKS)))
     assert all(decision.allowed and decision.remaining == 999 for decision in decisions)
     assert recorder.commands == ["EVALSHA"] * TASKS  # no PING, no handshake, nothing sent twice
+    if batched():
+        shared_connections()
 
 
 @pytest.fixture
@@ -101,14 +151,16 @@ def short_timeouts() -> Iterator[None]:
         yield
 
 
+@pytest.mark.topologies
 async def test_replies_lost_with_their_batch_are_each_applied_once(
         short_timeouts: None) -> None:
+    needs_batches()
     policy = Policy("lost-batch", rate="100/h", algorithm="fixed_window")
     counter = CappedCounter("lost-batch", cap=100, ttl="1h")
     assert (await policy.ahit("warm")).allowed and (await counter.aadd("warm")).accepted
     # Stopped until every call of the batch has given up on its reply (the 0.4 s socket
     # timeout); what was written waits in the socket and runs when the server resumes.
-    with paused(server_pid()):
+    with primaries_paused():
         hits = [asyncio.ensure_future(policy.ahit(f"user{n}")) for n in range(8)]
         adds = [asyncio.ensure_future(counter.aadd(f"item{n}")) for n in range(4)]
         outcomes = await asyncio.gather(*hits, *adds, return_exceptions=True)
@@ -156,16 +208,18 @@ async def test_a_reader_task_given_no_reply_times_its_batch_out_each_applied_onc
     assert (await policy.ahit("user1")).remaining == 98  # once: nothing was sent again
 
 
+@pytest.mark.topologies
 async def test_tasks_cancelled_in_a_batch_leave_no_slot_and_the_others_get_their_own() -> None:
+    needs_batches()
     policy = Policy("cancel-batch", algorithm="concurrency", limit=10, timeout="10m")
     gauge = Policy("cancel-batch-gauge", rate="100/h", algorithm="fixed_window")
     await policy.apeek("warm")
+    await asyncio.gather(*(gauge.apeek(f"user{n}") for n in range(3)))  # every node's script
     key = policy.redis_key("k")
-    with paused(server_pid()):  # until the cancellations are made: none can be answered first
+    with primaries_paused():  # until the cancellations are made: none can be answered first
         slots = [asyncio.ensure_future(policy.ahit("k")) for _ in range(6)]
         hits = [asyncio.ensure_future(gauge.ahit(f"user{n}")) for n in range(3)]
-        connection = shared()
-        await auntil(lambda: len(connection._in_flight) == 9 and not connection._writing,
+        await auntil(lambda: in_flight() == 9 and not writing(),
                      what="the 9 calls to be written")
         for task in slots[:3]:
             task.cancel()  # their futures too, at once: their replies will be dropped
@@ -253,3 +307,94 @@ async def test_settings_changes_close_the_shared_connections_they_drop() -> None
         await asyncio.sleep(0)  # a dropped client closes on this loop
     assert before is not None
     await auntil(lambda: connected() <= before + 2, what="the dropped clients to close")
+
+
+# -- a cluster: a shared connection per primary ----------------------------------------------------
+
+
+@pytest.fixture
+def on_cluster(redis_cluster: Any) -> Iterator[Any]:
+    if not pipelining.NODE_RELEASE:
+        pytest.skip(f"redis-py {redis.__version__}: a cluster's calls are not batched")
+    with override_settings(REDISLUA={**REDISLUA, "CONNECTION": redis_cluster.url,
+                                     "PIPELINING": True}):
+        for _name, node in primary_nodes():
+            node.flushall()
+            node.script_flush()
+        yield get_client()
+
+
+def node_stats(section: str, field: str) -> dict[str, int]:
+    return {name: int(client.info(section)[field]) for name, client in primary_nodes()}
+
+
+def cluster_transport() -> AsyncClusterTransport:
+    transport = get_async_transport()
+    assert isinstance(transport, AsyncClusterTransport)
+    return transport
+
+
+@pytest.mark.cluster
+async def test_a_cluster_batches_per_node_on_one_connection_each(on_cluster: Any) -> None:
+    policy = Policy("per-node", rate="10/h", algorithm="gcra", burst=10)
+    identities = [f"user{n}" for n in range(TASKS)]
+    owners = {name: [i for i in identities
+                     if on_cluster.get_node_from_key(policy.redis_key(i)).name == name]
+              for name, _client in primary_nodes()}
+    assert all(len(mine) >= 8 for mine in owners.values()), owners  # spread over every node
+    await asyncio.gather(*(policy.apeek(mine[0]) for mine in owners.values()))  # warm: open
+    connections = node_stats("stats", "total_connections_received")
+    reads = node_stats("stats", "total_reads_processed")
+    decisions = await asyncio.gather(*(policy.ahit(i) for i in identities))
+    assert all(d.allowed and d.remaining == 9 for d in decisions)
+    # No connection opened: each node's calls went out on its one shared connection...
+    assert node_stats("stats", "total_connections_received") == connections
+    assert len(cluster_transport()._shared) == len(owners)
+    # ...in a few writes each (a read per call, unshared).
+    after = node_stats("stats", "total_reads_processed")
+    for name, mine in owners.items():
+        assert after[name] - reads[name] <= len(mine) // 4, (name, len(mine), after, reads)
+
+
+@pytest.mark.cluster
+async def test_a_moved_reply_in_a_batch_retries_only_its_calls_once_each(
+        on_cluster: Any) -> None:
+    policy = Policy("moved-batch", rate="10/h", algorithm="fixed_window")
+    identities = [f"user{n}" for n in range(TASKS)]
+    await asyncio.gather(*(policy.ahit(i) for i in identities))  # scripts loaded, connections open
+    client = get_async_transport().client
+    stale = client.keyslot(policy.redis_key(identities[0]))
+    moved = [i for i in identities if client.keyslot(policy.redis_key(i)) == stale]
+    owner = client.nodes_manager.slots_cache[stale][0]
+    other = next(n for n in client.get_primaries() if n.name != owner.name)
+    client.nodes_manager.slots_cache[stale] = [other]  # stale: as after a resharding
+    decisions = await asyncio.gather(*(policy.ahit(i) for i in identities))
+    assert [d.remaining for d in decisions] == [8] * TASKS  # each counted once, moved or not
+    assert client.nodes_manager.get_node_from_slot(stale).name == owner.name  # table read again
+    assert moved and len(moved) < TASKS
+
+
+@pytest.mark.cluster
+async def test_a_node_gone_from_the_table_has_its_shared_connection_closed(
+        on_cluster: Any) -> None:
+    """redis-py builds a new node object for a node it did not know (one that left the table
+    and came back; before 8.1, every node at each read of the table): the old object's shared
+    connection is closed and given back once idle, and the node's calls go on a new one."""
+    from django_redislua.protocol import Refresh
+
+    policy = Policy("node-gone", rate="100/h", algorithm="fixed_window")
+    assert (await policy.ahit("k")).allowed
+    transport = cluster_transport()
+    client = transport.client
+    node = client.get_node_from_key(policy.redis_key("k"))
+    old = transport._shared[node.name]
+    conn = old._conn
+    assert conn is not None and conn.is_connected
+    del client.nodes_manager.nodes_cache[node.name]  # the table no longer names it
+    assert await transport.refresh(Refresh())  # read again: a new object for the same node
+    assert client.get_node(node_name=node.name) is not node
+    await auntil(lambda: not conn.is_connected, what="the old node's connection to close")
+    assert old._conn is None
+    assert (await policy.ahit("k")).remaining == 98  # on the new node's shared connection
+    assert transport._shared[node.name] is not old
+    await node.disconnect()  # its other connections (none open: the old object is dropped)

@@ -36,6 +36,10 @@ class ScriptedConnection:
         self.reads: list[tuple[asyncio.Task[Any] | None, bool]] = []
         self.read_timeouts: list[float | None] = []  # what each read was asked to wait at most
         self.socket_timeout = pool.socket_timeout
+        self.marked = False  # for a reconnect, as redis-py 7.1+ marks one in use
+
+    def should_reconnect(self) -> bool:
+        return self.marked
 
     def pack_commands(self, commands: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         return list(commands)
@@ -71,6 +75,7 @@ class ScriptedConnection:
     async def connect(self) -> None:
         self.is_connected = True
         self.waiting_data = False
+        self.marked = False
 
     async def disconnect(self) -> None:
         self.is_connected = False
@@ -594,3 +599,151 @@ async def test_a_read_is_due_within_the_socket_timeout_the_connection_has_when_i
     conn.replies.put_nowait("two")
     await settle()
     assert (await first, await second) == (["one"], ["two"])
+
+
+async def test_a_connection_marked_for_reconnect_is_reconnected_before_the_write(
+        pool: ScriptedPool) -> None:
+    # redis-py marks the connections in use when a cluster's table changes (or a server
+    # announces maintenance): a pool reconnects one as it comes back; a kept one, here.
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    conn.marked = True
+    call = caller(shared, [cmd(1)])
+    await settle()
+    assert conn.disconnects == 1 and conn.is_connected and conn.writes[-1] == [cmd(1)]
+    conn.replies.put_nowait(1)
+    assert await call == [1]
+
+
+async def test_a_retired_idle_connection_is_closed_and_given_back_at_once(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    shared.retire()
+    await settle()
+    assert pool.released == [conn] and conn.disconnects == 1
+    shared.retire()  # again: nothing left to close
+    await settle()
+    assert pool.released == [conn]
+
+
+async def test_a_retired_connection_is_closed_once_the_calls_in_flight_are_answered(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    calls = [caller(shared, [cmd(n)]) for n in range(3)]
+    await settle()
+    conn, = pool.handed
+    shared.retire()
+    await settle()
+    assert pool.released == [] and conn.disconnects == 0  # their replies are still to come
+    for n in range(3):
+        conn.replies.put_nowait(n)
+    assert await asyncio.gather(*calls) == [[0], [1], [2]]
+    await settle()
+    assert pool.released == [conn] and conn.disconnects == 1
+
+
+async def test_a_retired_connection_waiting_for_its_write_is_closed_after_it(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    conn.waiting_data = True  # checked before the write, which waits for the reconnect
+    connecting = asyncio.Event()
+    plain_connect = conn.connect
+
+    async def slow_connect() -> None:
+        await connecting.wait()
+        await plain_connect()
+
+    conn.connect = slow_connect  # type: ignore[method-assign]
+    call = caller(shared, [cmd(1)])
+    await settle()
+    shared.retire()  # nothing pending nor in flight: the writer holds the batch meanwhile
+    connecting.set()
+    await settle()
+    assert conn.writes[-1] == [cmd(1)] and pool.released == []
+    conn.replies.put_nowait(1)
+    assert await call == [1]
+    await settle()
+    assert pool.released == [conn]
+
+
+async def test_a_call_made_on_a_retired_connection_is_answered_then_closed_again(
+        pool: ScriptedPool) -> None:
+    # A caller that found the shared connection before it was retired still gets its reply,
+    # on a connection of the pool's, closed when done: none is left open.
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    shared.retire()
+    await settle()
+    late = caller(shared, [cmd(1)])
+    await settle()
+    new = pool.handed[1]
+    new.replies.put_nowait(1)
+    assert await late == [1]
+    await settle()
+    assert pool.released == [conn, new] and new.disconnects == 1
+
+
+async def _replied(reply: Any) -> list[Any]:
+    return [reply]
+
+
+async def _failing(failure: BaseException) -> list[Any]:
+    raise failure
+
+
+def _unsent_failure() -> BaseException:
+    return pipelining.unsent(redis.ConnectionError("refused"))
+
+
+async def test_several_nodes_replies_are_gathered_in_order() -> None:
+    assert await pipelining.gathered([_replied(1), _replied(2)]) == [[1], [2]]
+    assert await pipelining.gathered([_replied(3)]) == [[3]]
+
+
+async def test_a_node_that_could_not_be_reached_while_another_was_sent_to_is_possibly_sent(
+        ) -> None:
+    # A send is retried whole when nothing of it went out: what another node applied must not
+    # run twice because this node's connection could not be opened.
+    with pytest.raises(redis.ConnectionError) as raised:
+        await pipelining.gathered([_replied(1), _failing(_unsent_failure())])
+    assert not was_unsent(raised.value)
+    with pytest.raises(redis.ConnectionError) as raised:
+        await pipelining.gathered([_failing(_unsent_failure()),
+                                   _failing(redis.TimeoutError("lost"))])
+    assert not was_unsent(raised.value)
+    with pytest.raises(redis.ConnectionError) as raised:  # none went out: unsent, retried
+        await pipelining.gathered([_failing(_unsent_failure()), _failing(_unsent_failure())])
+    assert was_unsent(raised.value)
+
+
+async def test_gathering_waits_for_every_node_before_raising() -> None:
+    slow = asyncio.get_running_loop().create_future()
+    gathering = asyncio.ensure_future(pipelining.gathered(
+        [_failing(redis.TimeoutError("lost")), slow]))
+    await settle()
+    assert not gathering.done()  # the other node's reply is still to come
+    slow.set_result(["late"])
+    with pytest.raises(redis.TimeoutError):
+        await gathering
+
+
+async def test_a_cluster_node_is_a_pool_of_its_own_connections() -> None:
+    """NodePool on redis-py's own ClusterNode (no server: nothing listens on port 1): a
+    connection that cannot be opened goes back to the node, the error is the node's."""
+    from redis.asyncio.cluster import ClusterNode
+
+    if not pipelining.NODE_RELEASE:
+        pytest.skip("redis-py before 6.4: cluster calls go out as their node's pipeline")
+    node = ClusterNode("127.0.0.1", 1, server_type="primary", socket_connect_timeout=1,
+                       max_connections=1)
+    nodes = pipelining.NodePool(node)
+    with pytest.raises(redis.ConnectionError):
+        await nodes.get_connection()
+    taken = node.acquire_connection()  # its only connection: the one that failed came back
+    with pytest.raises(redis.exceptions.MaxConnectionsError):
+        node.acquire_connection()
+    await nodes.release(taken)
+    assert node.acquire_connection() is taken
+    await node.disconnect()
