@@ -288,7 +288,7 @@ class AsyncClusterTransport(AsyncTransport):
         if not (exchange.TABLE_REFRESH and hasattr(cluster, "nodes_manager")):
             raise unsupported("cluster NodesManager.initialize (nodes_manager)")
         self.client = cluster
-        self._shared: dict[str, pipelining.SharedConnection] = {}  # by node name
+        self.node_connections: dict[str, pipelining.SharedConnection] = {}  # by node name
         if not exchange.ASYNC_CLUSTER_PUBSUB:
             self.operations.update({Subscribe: self.poll, Listen: self.polled,
                                     Unsubscribe: self.unpolled, Inbox: self.poll_inbox})
@@ -302,7 +302,7 @@ class AsyncClusterTransport(AsyncTransport):
         """The replies of each group at its node, to await: on the nodes' shared connections
         (pipelining) unless a command blocks, else each as its node's pipeline."""
         if all(pipelining.shares(group) for _node, group in targets):
-            shared = [self.shared(node) for node, _group in targets]
+            shared = [self.node_connection(node) for node, _group in targets]
             if None not in shared:
                 return pipelining.gathered(
                     [connection.exchange(group)  # type: ignore[union-attr]
@@ -313,25 +313,26 @@ class AsyncClusterTransport(AsyncTransport):
         await asyncio.gather(*self.sent(pipelines))
         return self.results(pipelines)
 
-    def shared(self, node: Any) -> pipelining.SharedConnection | None:
+    def node_connection(self, node: Any) -> pipelining.SharedConnection | None:
         """``node``'s shared connection (None: pipelining is off for it). A node object new
         under a known name (redis-py before 8.1 builds new ones when it reads the table)
         retires the old one's."""
-        found = self._shared.get(node.name)
+        found = self.node_connections.get(node.name)
         if found is not None and found.pool.node is node:
             return found
         if not pipelining.node_eligible(node):
             return None
         if found is not None:
             found.retire()
-        found = self._shared[node.name] = pipelining.SharedConnection(pipelining.NodePool(node))
+        found = pipelining.SharedConnection(pipelining.NodePool(node))
+        self.node_connections[node.name] = found
         return found
 
     def _retire_stale(self) -> None:
         """The shared connections of nodes no longer in the table are closed (once idle)."""
-        for name, shared in list(self._shared.items()):
+        for name, shared in list(self.node_connections.items()):
             if self.client.get_node(node_name=name) is not shared.pool.node:
-                del self._shared[name]
+                del self.node_connections[name]
                 shared.retire()
 
     @staticmethod

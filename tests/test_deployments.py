@@ -204,18 +204,27 @@ async def test_async_view(deployed: str) -> None:
 
 async def test_async_view_pipelined(deployed: str) -> None:
     """``PIPELINING = True``: the four requests at once share one connection where the server
-    is a single one (a password, an ACL user, TLS, a unix socket: the pool's own handshake),
-    and take a connection each on a cluster or through Sentinel; Redis decides either way."""
-    from django_redislua.atransport import get_async_transport
+    is a single one (a password, an ACL user, TLS, a unix socket: the pool's own handshake) or
+    a cluster's primary (its node's connections, with the cluster's password; redis-py 6.4+),
+    and take a connection each through Sentinel; Redis decides either way."""
+    from django_redislua import pipelining
+    from django_redislua.atransport import AsyncClusterTransport, get_async_transport
 
     with override_settings(REDISLUA={**settings.REDISLUA, "PIPELINING": True}):
         client = AsyncClient()
         responses = await asyncio.gather(*(client.get("/m/async/") for _ in range(4)))
-        shared = getattr(get_async_transport(), "shared", None)  # a server's transport's only
+        transport = get_async_transport()
+        if isinstance(transport, AsyncClusterTransport):
+            shared = list(transport.node_connections.values())
+        else:
+            shared = [transport.shared] if getattr(transport, "shared", None) else []
     assert sorted(r.status_code for r in responses) == [200, 200, 200, 429]
     for response in responses:
         assert response.has_header("RateLimit") and response.has_header("RateLimit-Policy")
-    assert (shared is not None) == (not deployed.startswith(("cluster", "Sentinel")))
+    batched = (not deployed.startswith("Sentinel")
+               and (pipelining.NODE_RELEASE or not deployed.startswith("cluster")))
+    assert bool(shared) == batched
+    assert all(isinstance(s, pipelining.SharedConnection) for s in shared)
 
 
 def test_async_view_under_wsgi(deployed: str) -> None:

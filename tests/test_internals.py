@@ -217,11 +217,11 @@ def test_without_a_cluster_nodes_release_its_calls_are_not_batched(
     cluster = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=1)
     found = atransport.AsyncClusterTransport(cluster)
     if pipelining.NODE_RELEASE:
-        assert isinstance(found.shared(node), pipelining.SharedConnection)
+        assert isinstance(found.node_connection(node), pipelining.SharedConnection)
     monkeypatch.delattr(redis.asyncio.cluster.ClusterNode, "release")
     assert not pipelining.has_node_release()
     monkeypatch.setattr(pipelining, "NODE_RELEASE", False)
-    assert atransport.AsyncClusterTransport(cluster).shared(node) is None
+    assert atransport.AsyncClusterTransport(cluster).node_connection(node) is None
 
 
 def torn_down_read(url: str) -> BaseException:

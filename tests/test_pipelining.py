@@ -56,7 +56,7 @@ def shared_connections() -> list[pipelining.SharedConnection]:
     that has been called (asserted: the path under test is taken)."""
     transport = get_async_transport()
     if isinstance(transport, AsyncClusterTransport):
-        found = list(transport._shared.values())
+        found = list(transport.node_connections.values())
         assert found and all(isinstance(c, pipelining.SharedConnection) for c in found)
         return found
     return [shared()]
@@ -349,7 +349,7 @@ async def test_a_cluster_batches_per_node_on_one_connection_each(on_cluster: Any
     assert all(d.allowed and d.remaining == 9 for d in decisions)
     # No connection opened: each node's calls went out on its one shared connection...
     assert node_stats("stats", "total_connections_received") == connections
-    assert len(cluster_transport()._shared) == len(owners)
+    assert len(cluster_transport().node_connections) == len(owners)
     # ...in a few writes each (a read per call, unshared).
     after = node_stats("stats", "total_reads_processed")
     for name, mine in owners.items():
@@ -387,7 +387,7 @@ async def test_a_node_gone_from_the_table_has_its_shared_connection_closed(
     transport = cluster_transport()
     client = transport.client
     node = client.get_node_from_key(policy.redis_key("k"))
-    old = transport._shared[node.name]
+    old = transport.node_connections[node.name]
     conn = old._conn
     assert conn is not None and conn.is_connected
     del client.nodes_manager.nodes_cache[node.name]  # the table no longer names it
@@ -396,5 +396,5 @@ async def test_a_node_gone_from_the_table_has_its_shared_connection_closed(
     await auntil(lambda: not conn.is_connected, what="the old node's connection to close")
     assert old._conn is None
     assert (await policy.ahit("k")).remaining == 98  # on the new node's shared connection
-    assert transport._shared[node.name] is not old
+    assert transport.node_connections[node.name] is not old
     await node.disconnect()  # its other connections (none open: the old object is dropped)
