@@ -831,7 +831,8 @@ def test_an_error_reply_is_a_redis_error(meter: Meter, r: redis.Redis, fail_open
     inline_view(request)
     policy = request.ratelimit[0].policy  # type: ignore[attr-defined]
     name = policy.name
-    r.set(policy.redis_key(IP), "not a sorted set")  # the script meets WRONGTYPE
+    # The script meets WRONGTYPE (a string that is no log reads as no state: test_state_formats)
+    r.hset(policy.redis_key(IP), "a", "hash")
     meter.mark()
     with redislua(FAIL_OPEN=fail_open):
         assert get(inline_view, 2) == [200 if fail_open else 503] * 2

@@ -19,6 +19,7 @@ from django_redislua.limiting.identity import is_bound
 from django_redislua.limiting.inspect import log_times, unpack_state
 from tests.allocator import exact_sizes
 from tests.transactional import TransactionalClient
+from tests.unit.test_inspect_state import FOREIGN
 
 pytestmark = pytest.mark.topologies
 
@@ -309,3 +310,44 @@ def test_a_period_lengthened_in_settings_forgets_at_most_one_old_window() -> Non
     time.sleep(1.1)  # the old window's end: its key expires
     admitted += sum(new.hit("u").allowed for _ in range(5))
     assert admitted == 6  # 3 of the old window + 3 of the new: no more
+
+
+@pytest.mark.parametrize("algorithm", [*O1, "sliding_log"])
+@pytest.mark.parametrize("value", list(FOREIGN.values()), ids=list(FOREIGN))
+@pytest.mark.parametrize("rate", ["5/m", "500/m"])  # the log's string form, its sorted set
+def test_a_value_another_writer_left_reads_as_no_state(
+        algorithm: str, value: bytes, rate: str, r: Any) -> None:
+    """Never read as a time centuries ahead (a denial until someone deletes the key) nor as a
+    negative wait: the identity is decided as a fresh one, and the admitted hit replaces the
+    value with the policy's own state."""
+    policy = Policy("foreign", rate=rate, algorithm=algorithm)
+    fresh = evaluate([(policy, "fresh", 1)], now_us=T)[0]
+    key = policy.redis_key("10.0.0.1")
+    r.set(key, value)
+    assert peek(policy, T) == fresh.remaining + 1
+    decision = evaluate([(policy, "10.0.0.1", 1)], now_us=T)[0]
+    assert decision.allowed and decision.retry_after == 0
+    assert (decision.remaining, decision.reset_after) == (fresh.remaining, fresh.reset_after)
+    assert r.exists(key) and (r.type(key) != b"string" or r.get(key) != value)
+    assert peek(policy, T) == fresh.remaining  # the policy's own state, read back
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "gcra", "sliding_log"])
+@pytest.mark.parametrize("value", ["19 characters long!", "a hash"])
+def test_what_cannot_be_read_as_state_is_a_redis_error(algorithm: str, value: str, r: Any
+                                                       ) -> None:
+    """The two cases docs/ratelimit.md leaves to FAIL_OPEN: a 19-character value that is not
+    digits (the windows' decimal form) and a key of another type. The value stays as it was."""
+    policy = Policy("unreadable", rate="5/m", algorithm=algorithm)
+    key = policy.redis_key("10.0.0.1")
+    if value == "a hash":
+        r.hset(key, "field", "value")
+    else:
+        r.set(key, value)
+    if value == "a hash" or algorithm in ("fixed_window", "sliding_window"):
+        with pytest.raises(redis.ResponseError):
+            evaluate([(policy, "10.0.0.1", 1)], now_us=T)
+        assert (r.hgetall(key) == {b"field": b"value"} if value == "a hash"
+                else r.get(key) == value.encode())
+    else:  # not a form of these: no state, replaced
+        assert evaluate([(policy, "10.0.0.1", 1)], now_us=T)[0].allowed

@@ -4,7 +4,8 @@
 -- allocation of its own) while the count is below 1000 and the start has 16 digits below
 -- 9.2 * 10^15 (2001-2262); else struct '<I7I5' (12 bytes, kept in the object's own 32-byte
 -- allocation) while the start is below 2^53 and the count below 2^40; else '<dd' (16 bytes, the
--- previous release's only form). Every form is read; the length tells them apart. Expires when
+-- previous release's only form). Every form is read; the length tells them apart; a value none
+-- of them holds (outside the times and counts written) reads as no state. Expires when
 -- the window ends, set by the write that opens the window (or changes the form). A hit in the
 -- same window of the decimal form adds its cost to the count's digits in place (`INCRBY`: nothing
 -- formatted), keeping that expiry: the window end a `SET PX` would derive again (to the ms), NOW
@@ -24,6 +25,13 @@ do
       start, count, digits = string.sub(state, 1, 16) + 0, string.sub(state, 17) + 0, true
     elseif size == 12 then start, count = struct.unpack('<I7I5', state)
     elseif size == 16 then start, count = struct.unpack('<dd', state) end
+    -- A value no form of ours holds (another writer's: text, a number) reads as no state,
+    -- replaced by the next admitted hit: never a window that cannot end (a start beyond 2^53 us,
+    -- not a number), which would deny the identity for centuries.
+    if start and not (start > -9007199254740992 and start < 9007199254740992 and count >= 0
+                      and count < 9007199254740992) then
+      start, count, digits = nil, 0, false
+    end
   end
   -- A clock that went back (now < start: a failover to a replica behind) stays in the stored
   -- window, which then lasts longer: it must never open a fresh one.

@@ -15,6 +15,10 @@ do
   if state then
     if #state == 12 then a, b = struct.unpack('<I7I5', state)
     elseif #state == 16 then a, b = struct.unpack('<dd', state) end
+    -- Not a TAT we write (another writer's value): no state, never a wait of centuries.
+    if not (a > -9007199254740992 and a < 9007199254740992 and b >= 0 and b < q) then
+      a, b = now, 0
+    end
   end
   if a < now then a, b = now, 0 end  -- a TAT in the past: the bucket is full
   local lead = (a - now) * q + b      -- TAT - now, in 1/Q us

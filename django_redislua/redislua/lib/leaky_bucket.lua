@@ -14,6 +14,11 @@ do
   if state then
     if #state == 12 then level, at = struct.unpack('<I5I7', state)
     elseif #state == 16 then level, at = struct.unpack('<dd', state) end
+    -- Not a level and time we write (another writer's value): no state (an empty bucket).
+    if not (at > -9007199254740992 and at < 9007199254740992 and level >= 0
+            and level < 9007199254740992) then
+      level, at = 0, now
+    end
   end
   if now > at then
     level, at = level - (now - at) * q, now

@@ -21,7 +21,7 @@ do
   -- One call finds the form the limit calls for; an error reply (WRONGTYPE) says the key holds
   -- the other, then read.
   local small = limit <= 128  -- the form this limit calls for
-  local log, sorted, count, first, n = false, false, 0, 1, 0
+  local log, sorted, count, first, n, foreign = false, false, 0, 1, 0, false
   if not small then
     count = redis.pcall('ZCOUNT', key, after, '+inf')  -- 0 for no key
     sorted = type(count) == 'number'
@@ -32,7 +32,15 @@ do
     if sorted then count = redis.call('ZCOUNT', key, after, '+inf') end
   end
   if not sorted then
-    if not log then log = '' end
+    -- Not a log we write (another writer's value: not whole 7-byte entries, or its newest entry,
+    -- the largest, beyond 2^53 us): an empty log, replaced by the next admitted hit. Never
+    -- entries timed centuries ahead, which would deny the identity until the key is deleted.
+    if not log then
+      log = ''
+    elseif #log % 7 ~= 0 or (#log > 0 and struct.unpack('<I7', log, #log - 6) >= 9007199254740992)
+    then
+      log, foreign = '', true
+    end
     n = #log / 7
     -- The first live entry (time > horizon): every entry before it has aged out.
     local lo, hi = 1, n + 1
@@ -77,7 +85,7 @@ do
           moved = moved + 1
           entries[2 * moved - 1], entries[2 * moved] = t, string.format('%d:%d', t, moved)
         end
-        if n > 0 then redis.call('DEL', key) end
+        if n > 0 or foreign then redis.call('DEL', key) end
       end
       -- The moved entries go with the first chunk of new ones (at most 128 + 1000 pairs).
       local added = 0

@@ -9,7 +9,8 @@
 -- 9.2 * 10^12 (2001-2262); else struct '<I6I3I3', the start in ms (12 bytes, kept in the
 -- object's own 32-byte allocation) while both counts are below 2^24; else '<ddd', the start in
 -- us (24 bytes, the previous release's only form). Every form is read; the length tells them
--- apart. Expires when the next window ends (until then the current count still weighs on the
+-- apart; a value none of them holds (outside the times and counts written) reads as no state.
+-- Expires when the next window ends (until then the current count still weighs on the
 -- estimate), set by the write that opens a window (or changes the form). A hit in the same
 -- window of the decimal form adds its cost to the current count's digits in place (`INCRBY`:
 -- nothing formatted), keeping that expiry, as the fixed window does and on the same terms: not
@@ -32,6 +33,13 @@ do
       stored = stored * 1000
     elseif size == 24 then
       stored, cur, prev = struct.unpack('<ddd', state)
+    end
+    -- Not a state we write (another writer's value): no state, never a window from beyond
+    -- 2^53 us that the clock could never leave.
+    if stored and not (stored > -9007199254740992 and stored < 9007199254740992
+                       and cur >= 0 and cur < 9007199254740992
+                       and prev >= 0 and prev < 9007199254740992) then
+      stored, digits = nil, false
     end
   end
   if stored and stored > window then

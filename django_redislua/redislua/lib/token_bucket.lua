@@ -15,6 +15,11 @@ do
   if state then
     if #state == 12 then taken, a, b = struct.unpack('<I4I7I1', state)
     elseif #state == 24 then taken, a, b = struct.unpack('<ddd', state) end
+    -- Not a state we write (another writer's value): no state (a full bucket).
+    if taken and not (a > -9007199254740992 and a < 9007199254740992 and b >= 0 and b < q
+                      and taken >= 0 and taken < 9007199254740992) then
+      taken = nil
+    end
   end
   if not taken then
     taken, a, b = 0, now, 0
