@@ -23,7 +23,9 @@ One round measures every contender for ``--seconds`` each, in a shuffled (seeded
 figures are medians over ``--rounds`` rounds: decisions/s, its ratio to ``INCR`` within the same
 round, and the Redis main thread's CPU per decision (``INFO cpu``: ``used_cpu_*_main_thread``,
 or the process's where the server has no per-thread figure). Then one decision alone: the
-median latency of ``--lone`` sequential calls of each, as a ratio to a lone ``INCR``. Then the
+median latency of ``--lone`` sequential calls of each, as a ratio to a lone ``INCR``, and where
+it goes: the client's CPU per call (``time.process_time``) and the server's time executing the
+call's commands (``INFO commandstats``: a script's, and what it calls). Then the
 tail: the p99 latency of one call with ``--tasks`` in flight, ``--tail-rounds`` rounds of
 ``--seconds`` (medians), for ours, pipelined and not, and ``INCR``. Every loop is bounded by
 count and by time.
@@ -193,6 +195,17 @@ async def lone(call: Call, count: int, tag: str) -> float:
     return statistics.median(times) * 1e6
 
 
+def commands_us(servers: list[Any]) -> float:
+    """Microseconds the servers have spent executing commands (INFO commandstats), the
+    benchmark's own INFO calls left out."""
+    total = 0.0
+    for client in servers:
+        for name, stats in client.info("commandstats").items():
+            if not name.startswith(("cmdstat_info", "cmdstat_config")):
+                total += float(stats["usec"])
+    return total
+
+
 async def tail(call: Call, tasks: int, seconds: float, tag: str) -> float:
     """The p99 latency (us) of one call while ``tasks`` tasks call for ``seconds`` (each at
     most 10**6 calls)."""
@@ -246,12 +259,18 @@ async def measure(found: list[Contender], args: argparse.Namespace, servers: lis
         rounds.append(got)
         print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
     lone_us: dict[str, list[float]] = {contender.name: [] for contender in found}
+    lone_cpu: dict[str, list[float]] = {contender.name: [] for contender in found}
+    lone_server: dict[str, list[float]] = {contender.name: [] for contender in found}
     for _ in range(3):
         for contender in found:
             with switched(contender.pipelining):
                 call = contender.make()
                 await lone(call, 50, "lonewarm")
+                cpu, executed = time.process_time(), commands_us(servers)
                 lone_us[contender.name].append(await lone(call, args.lone, "lone"))
+                lone_cpu[contender.name].append((time.process_time() - cpu) / args.lone * 1e6)
+                lone_server[contender.name].append(
+                    (commands_us(servers) - executed) / args.lone)
     # The tail with every task in flight: ours pipelined against the per-call path (what every
     # release before pipelining did) and a bare INCR, shuffled, per round.
     tailed = [c for c in found if c.name.startswith(("ours", "redis-py"))]
@@ -276,6 +295,8 @@ async def measure(found: list[Contender], args: argparse.Namespace, servers: lis
                             max(r[name]["ratio"] for r in rounds)],
             "server_us": statistics.median(r[name]["server_us"] for r in rounds),
             "lone_us": lone_median,
+            "lone_cpu_us": statistics.median(lone_cpu[name]),
+            "lone_server_us": statistics.median(lone_server[name]),
             "lone_ratio": lone_median / statistics.median(lone_us["redis-py INCR"]),
         }
         if name in tail_us:
@@ -286,14 +307,17 @@ async def measure(found: list[Contender], args: argparse.Namespace, servers: lis
 def report(results: dict[str, Any], args: argparse.Namespace) -> None:
     where = " on a 3-primary cluster" if args.cluster else ""
     print(f"\n{args.tasks} asyncio tasks{where}, {args.rounds} rounds of {args.seconds:g} s each "
-          f"(medians; ratio: to redis-py INCR in the same round, [min-max] over rounds)")
+          f"(medians; ratio: to redis-py INCR in the same round, [min-max] over rounds; a call "
+          f"alone: its latency, the client's CPU and the server's command time, us)")
     print(f"{'contender':42} {'decisions/s':>12} {'x INCR':>7} {'range':>13} "
-          f"{'server us':>10} {'lone x INCR':>12} {'p99 us':>8}")
+          f"{'server us':>10} {'lone x INCR':>12} {'p99 us':>8} "
+          f"{'lone us':>8} {'client':>7} {'server':>7}")
     for name, r in results.items():
         low, high = r["ratio_range"]
         p99 = f"{r['p99_us']:8,.0f}" if "p99_us" in r else f"{'':8}"
         print(f"{name:42} {r['per_s']:12,.0f} {r['ratio']:7.2f} {low:6.2f}-{high:<6.2f} "
-              f"{r['server_us']:10.1f} {r['lone_ratio']:12.2f} {p99}")
+              f"{r['server_us']:10.1f} {r['lone_ratio']:12.2f} {p99} "
+              f"{r['lone_us']:8.0f} {r['lone_cpu_us']:7.0f} {r['lone_server_us']:7.1f}")
     ours = {name: r for name, r in results.items() if name.startswith("ours")
             and "PIPELINING=False" not in name}
     peers = {name: r for name, r in results.items()
