@@ -323,11 +323,19 @@ class SharedConnection:
         through the loop either way. Calls made meanwhile wait for the write, then go out
         from a writer task; their replies, from a reader task the caller starts once it has
         its own."""
-        self._writing = True
         await adrive(self._alone_steps(exchange), AWAITED)  # one driver for both
         return await exchange.future
 
     def _alone_steps(self, exchange: _Exchange) -> Steps[None]:
+        # Idle when the call was made, maybe not now: a caller may await it later, after
+        # other calls (a cluster's send gathers its nodes' exchanges, two of them on one
+        # node). Then it queues as they did: two tasks must never write or read at once.
+        if not self._idle():
+            self._pending.append(exchange)
+            if not self._writing:
+                self._start_writer()
+            return
+        self._writing = True
         try:
             leads = yield from self._write([exchange], lead=True)
         finally:
@@ -378,6 +386,7 @@ class SharedConnection:
             conn = yield from self._ready()
         except Exception as exc:  # nothing of this batch was written: unsent
             _fail(batch, exc, nothing_sent=True)
+            yield from self._closed_if_retired()
             return None
         except BaseException:  # this task cancelled (its loop closing): so are the calls
             _fail(batch, None)
@@ -521,6 +530,15 @@ class SharedConnection:
         if conn is self._conn and self._retired and not self._pending and not self._in_flight:
             self._conn = None
         if conn is not self._conn:  # dropped: closed (what was sent on it is lost), given back
+            yield from self._dropped(conn)
+
+    def _closed_if_retired(self) -> Steps[None]:
+        """A retired connection that failed to reconnect, with nothing in flight on it and no
+        task using it, goes back to its pool (no later call may come to give it back)."""
+        conn = self._conn
+        if (self._retired and conn is not None and conn not in self._using
+                and not self._pending and not self._in_flight):
+            self._conn = None
             yield from self._dropped(conn)
 
     def _dropped(self, conn: Any) -> Steps[None]:

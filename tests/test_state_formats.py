@@ -351,3 +351,18 @@ def test_what_cannot_be_read_as_state_is_a_redis_error(algorithm: str, value: st
                 else r.get(key) == value.encode())
     else:  # not a form of these: no state, replaced
         assert evaluate([(policy, "10.0.0.1", 1)], now_us=T)[0].allowed
+
+
+@pytest.mark.parametrize("algorithm", ["gcra", "token_bucket", "leaky_bucket"])
+def test_a_changed_rate_reads_the_state_the_old_rate_wrote(algorithm: str) -> None:
+    """The state is per name and identity, not per rate: a rate changed in settings (or by a
+    live override) reads what the old one wrote, whose remainder of 1/Q us may be above the
+    new Q. That is the policy's own state, not another writer's: what was used still counts."""
+    before = Policy("rate-change", rate="7/s", algorithm=algorithm)
+    after = Policy("rate-change", rate="5/s", algorithm=algorithm)
+    for _ in range(6):
+        assert hit(before, T)[0]  # GCRA's remainder: 6 x 10^6 mod 7 = 6, the new Q is 1
+    assert peek(after, T) < peek(after, T, key="fresh")
+    later = T + 150_001  # a token's refill at 7/s has come: the bucket keeps its remainder
+    assert hit(before, later)[0]
+    assert peek(after, later) < peek(after, later, key="fresh")

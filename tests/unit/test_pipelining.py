@@ -37,6 +37,8 @@ class ScriptedConnection:
         self.read_timeouts: list[float | None] = []  # what each read was asked to wait at most
         self.socket_timeout = pool.socket_timeout
         self.marked = False  # for a reconnect, as redis-py 7.1+ marks one in use
+        self.check_gate: asyncio.Event | None = None  # set: can_read waits until it is set
+        self.checking = False
 
     def should_reconnect(self) -> bool:
         return self.marked
@@ -68,6 +70,15 @@ class ScriptedConnection:
         return reply
 
     async def can_read(self) -> bool:
+        # The readiness check reads the socket (redis-py's hiredis parser, with a zero timeout):
+        # like asyncio's StreamReader, one reader at a time.
+        assert not self.checking, "two tasks read the connection at once"
+        if self.check_gate is not None:
+            self.checking = True
+            try:
+                await self.check_gate.wait()
+            finally:
+                self.checking = False
         return self.waiting_data
 
     can_read_destructive = can_read  # its name before redis-py 8.0
@@ -747,3 +758,43 @@ async def test_a_cluster_node_is_a_pool_of_its_own_connections() -> None:
     await nodes.release(taken)
     assert node.acquire_connection() is taken
     await node.disconnect()
+
+
+async def test_calls_found_alone_but_awaited_later_are_written_one_after_the_other(
+        pool: ScriptedPool) -> None:
+    # A cluster's send makes each node's exchange, then gathers them: two on one node both
+    # found the connection idle, and their tasks start later. One writes (its readiness check
+    # reads the socket meanwhile); the other queues behind it: never two readers at once.
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    conn.check_gate = asyncio.Event()
+    first, second = shared.exchange([cmd(1)]), shared.exchange([cmd(2)])
+    both = asyncio.ensure_future(asyncio.gather(first, second))
+    await settle()
+    conn.check_gate.set()
+    await settle()
+    assert conn.writes[1:] == [[cmd(1)], [cmd(2)]] and len(pool.handed) == 1
+    conn.replies.put_nowait(1)
+    conn.replies.put_nowait(2)
+    assert await both == [[1], [2]]
+
+
+async def test_a_retired_connection_that_fails_to_reconnect_goes_back_to_its_pool(
+        pool: ScriptedPool) -> None:
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    conn.waiting_data = True  # closed by the server: the next write reconnects first
+
+    async def refused() -> None:
+        raise redis.ConnectionError("refused")
+
+    conn.connect = refused  # type: ignore[method-assign]
+    conn.check_gate = asyncio.Event()
+    call = caller(shared, [cmd(1)])
+    await settle()
+    shared.retire()  # while the writer checks the connection
+    conn.check_gate.set()
+    with pytest.raises(redis.ConnectionError):
+        await call
+    await settle()
+    assert pool.released == [conn]  # nothing else would give it back

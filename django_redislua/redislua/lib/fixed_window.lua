@@ -27,7 +27,9 @@ do
     elseif size == 16 then start, count = struct.unpack('<dd', state) end
     -- A value no form of ours holds (another writer's: text, a number) reads as no state,
     -- replaced by the next admitted hit: never a window that cannot end (a start beyond 2^53 us,
-    -- not a number), which would deny the identity for centuries.
+    -- not a number), which would deny the identity for centuries. (Times are below 2^53 us,
+    -- the year 2255, where Lua's doubles stop being exact. Nineteen characters that are not
+    -- digits fail the script: docs/ratelimit.md.)
     if start and not (start > -9007199254740992 and start < 9007199254740992 and count >= 0
                       and count < 9007199254740992) then
       start, count, digits = nil, 0, false

@@ -15,8 +15,10 @@ do
   if state then
     if #state == 12 then a, b = struct.unpack('<I7I5', state)
     elseif #state == 16 then a, b = struct.unpack('<dd', state) end
-    -- Not a TAT we write (another writer's value): no state, never a wait of centuries.
-    if not (a > -9007199254740992 and a < 9007199254740992 and b >= 0 and b < q) then
+    -- Not a TAT we write (another writer's value): no state, never a wait of centuries. (B is
+    -- below the Q it was written with, which a changed rate changes: below 2^53, as every Q.)
+    if not (a > -9007199254740992 and a < 9007199254740992 and b >= 0
+            and b < 9007199254740992) then
       a, b = now, 0
     end
   end

@@ -15,6 +15,7 @@ do
     if #state == 12 then level, at = struct.unpack('<I5I7', state)
     elseif #state == 16 then level, at = struct.unpack('<dd', state) end
     -- Not a level and time we write (another writer's value): no state (an empty bucket).
+    -- (The level is at most the capacity it was written under, LIMIT x P <= 2^51: definition.py).
     if not (at > -9007199254740992 and at < 9007199254740992 and level >= 0
             and level < 9007199254740992) then
       level, at = 0, now

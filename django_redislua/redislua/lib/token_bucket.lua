@@ -16,8 +16,9 @@ do
     if #state == 12 then taken, a, b = struct.unpack('<I4I7I1', state)
     elseif #state == 24 then taken, a, b = struct.unpack('<ddd', state) end
     -- Not a state we write (another writer's value): no state (a full bucket).
-    if taken and not (a > -9007199254740992 and a < 9007199254740992 and b >= 0 and b < q
-                      and taken >= 0 and taken < 9007199254740992) then
+    -- (B is below the Q it was written with, which a changed rate changes: below 2^53.)
+    if taken and not (a > -9007199254740992 and a < 9007199254740992 and b >= 0
+                      and b < 9007199254740992 and taken >= 0 and taken < 9007199254740992) then
       taken = nil
     end
   end
