@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import gc
 import importlib.util
 import inspect
 import re
@@ -181,6 +182,7 @@ class PageRun:
         self.server = "{0.scheme}://{0.netloc}".format(urlsplit(redis_url))
         self.namespace: dict[str, Any] = {"__name__": f"docs_snippets.{page.stem}"}
         self.modules: dict[str, types.ModuleType] = {}
+        stack.callback(self._forget_namespace)  # last: after the page's settings are undone
         saved = {name: sys.modules.get(name) for name in ("myproject", "myproject.settings")}
         stack.callback(self._forget_modules, saved)
         if not any(b.module == "myproject.settings" for b in read_blocks(page)):
@@ -207,6 +209,15 @@ class PageRun:
         sys.modules[name] = module
         if len(parts) > 1:
             setattr(self.modules[".".join(parts[:-1])], parts[-1], module)
+
+    def _forget_namespace(self) -> None:
+        """What the page's blocks made dies with the page, not at some later full collection:
+        its functions and its namespace are a cycle, and some objects are known while alive
+        (a ``JobGate`` is checked by ``manage.py check``: a later page's settings would fail
+        E021 for it). The suite freezes what is alive as each module starts (tests/conftest.py,
+        ``_short_gc_pauses``), which would keep such a cycle for the whole session."""
+        self.namespace.clear()
+        gc.collect()
 
     def _forget_modules(self, saved: dict[str, types.ModuleType | None]) -> None:
         for name in self.modules:
@@ -328,6 +339,26 @@ def test_snippet_test_passes(
 
 
 # -- the conventions themselves ----------------------------------------------------------------
+
+
+def test_what_a_page_made_dies_with_it(redis_url: str) -> None:
+    """A job gate a page's block made is no longer known once the page ends, even with the
+    collector off (as for what the suite has frozen): a later page's checks never see it."""
+    from django_redislua.jobs.gate import known_gates
+
+    source = ('from django_redislua.jobs import JobGate\n'
+              'gate = JobGate("a-page-gate")\n'
+              'def admit():\n'
+              '    return gate\n')  # a function: the namespace and it are a cycle
+    block = Block(ROOT / "docs" / "jobs.md", 1, source, None, None)
+    gc.disable()
+    try:
+        with ExitStack() as stack:
+            PageRun(block.page, stack, redis_url).run(block)
+            assert "a-page-gate" in [gate.name for gate in known_gates()]
+        assert "a-page-gate" not in [gate.name for gate in known_gates()]
+    finally:
+        gc.enable()
 def test_every_page_is_read() -> None:
     assert ROOT / "README.md" in PAGES
     assert {p.name for p in PAGES} >= {"index.md", "tutorial.md", "testing.md"}
