@@ -401,3 +401,30 @@ async def test_a_node_gone_from_the_table_has_its_shared_connection_closed(
     assert (await policy.ahit("k")).remaining == 98  # on the new node's shared connection
     assert transport.node_connections[node.name] is not old
     await node.disconnect()  # its other connections (none open: the old object is dropped)
+
+
+@pytest.mark.cluster
+async def test_checks_on_two_slots_of_one_node_share_its_connection_after_a_reconnect(
+        on_cluster: Any) -> None:
+    """One decision over two identities whose slots are on one node: its send makes both
+    groups' exchanges before either is awaited. With the node's connection closed by the server
+    meanwhile (an idle timeout), only one of them may check and reopen it (two readers of one
+    socket is an error of asyncio's); the other goes out behind it."""
+    from django_redislua.limiting import aevaluate
+
+    policy = Policy("two-slots", rate="5/m", algorithm="fixed_window")
+    by_node: dict[str, list[str]] = {}
+    for n in range(200):
+        identity = f"u{n}"
+        key = policy.redis_key(identity)
+        by_node.setdefault(on_cluster.get_node_from_key(key).name, []).append(identity)
+    name, mine = next((name, ids) for name, ids in by_node.items() if len(ids) >= 2)
+    first, second = mine[0], next(i for i in mine[1:] if on_cluster.keyslot(policy.redis_key(i))
+                                  != on_cluster.keyslot(policy.redis_key(mine[0])))
+    pair = [(policy, first, 1), (policy, second, 1)]
+    assert [d.remaining for d in await aevaluate(pair)] == [4, 4]
+    node = next(client for node_name, client in primary_nodes() if node_name == name)
+    node.client_kill_filter(_type="normal", skipme=True)
+    await asyncio.sleep(0.05)  # the EOF reaches the socket, as between two requests
+    assert [d.remaining for d in await aevaluate(pair)] == [3, 3]
+    assert len(cluster_transport().node_connections) == 1
