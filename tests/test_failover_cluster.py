@@ -736,7 +736,10 @@ def run_failover(cluster: RedisClusterServers, target: Target, how: str,
             continue
         assert after, f"{group}: no lock taken after the failover"
         stray = [t for t in unavailable if t.done < t_fail or t.sent > t_up + RECOVERY_BOUND]
-        assert not stray, (group, len(stray), stray[:2])
+        # (The times say whether a replica was slow to confirm long after the failover or a
+        # WAIT went astray: t_fail and t_up are time.monotonic(), as each Try's sent and done.)
+        assert not stray, (group, len(stray), stray[:2], f"t_fail={t_fail:.3f}",
+                           f"t_up={t_up:.3f}")
     if how == "kill":
         # The killed node comes back as the new primary's replica: replicated locks work again.
         heal(cluster)
