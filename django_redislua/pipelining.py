@@ -503,7 +503,7 @@ class SharedConnection:
         and again after any call made on it later (a caller that found it before)."""
         self._retired = True
         conn = self._conn
-        if conn is None or self._writing or self._pending or self._in_flight or conn in self._using:
+        if conn is None or self._writing or not self._unused(conn):
             return
         self._conn = None
         closing = asyncio.get_running_loop().create_task(adrive(self._dropped(conn), AWAITED))
@@ -527,7 +527,7 @@ class SharedConnection:
             self._using[conn] = left
             return
         del self._using[conn]
-        if conn is self._conn and self._retired and not self._pending and not self._in_flight:
+        if conn is self._conn and self._retired and self._unused(conn):
             self._conn = None
         if conn is not self._conn:  # dropped: closed (what was sent on it is lost), given back
             yield from self._dropped(conn)
@@ -536,10 +536,14 @@ class SharedConnection:
         """A retired connection that failed to reconnect, with nothing in flight on it and no
         task using it, goes back to its pool (no later call may come to give it back)."""
         conn = self._conn
-        if (self._retired and conn is not None and conn not in self._using
-                and not self._pending and not self._in_flight):
+        if self._retired and conn is not None and self._unused(conn):
             self._conn = None
             yield from self._dropped(conn)
+
+    def _unused(self, conn: Any) -> bool:
+        """No task uses ``conn`` and no call waits to be written or answered: closing it (a
+        retired connection) loses nothing."""
+        return conn not in self._using and not self._pending and not self._in_flight
 
     def _dropped(self, conn: Any) -> Steps[None]:
         try:

@@ -28,7 +28,12 @@ from django_redislua.conf import settings
 from django_redislua.connection import get_client, primary_nodes
 from django_redislua.limiting import denials
 from django_redislua.limiting.decision import PolicyError
-from django_redislua.limiting.definition import ALGORITHMS, MAX_RATE_TEXT, overrides_key
+from django_redislua.limiting.definition import (
+    ALGORITHMS,
+    MAX_EXACT,
+    MAX_RATE_TEXT,
+    overrides_key,
+)
 from django_redislua.limiting.identity import bound_identity
 from django_redislua.limiting.policy import Policy
 from django_redislua.limiting.registry import get_policy
@@ -397,9 +402,6 @@ COMPACT = {"fw": (7, 5), "sw": (6, 3, 3), "tb": (4, 7, 1), "lb": (5, 7), "gc": (
 DIGITS = {"fw": (16, 3), "sw": (13, 3, 3)}
 # The sliding log: one '<I7' entry (a hit's time, us) per unit admitted, in time order.
 LOG_ENTRY = 7
-# No time or count a script writes reaches 2^53 (us, or units): a value beyond is another
-# writer's, which the scripts read as no state (docs/ratelimit.md) and this shows as it is.
-BEYOND = 2**53
 
 
 def _split(value: bytes, widths: tuple[int, ...], decimal: bool) -> list[float]:
@@ -427,7 +429,7 @@ def unpack_state(code: str, value: bytes) -> list[tuple[str, str]] | None:
             return None
         first = int.from_bytes(value[:LOG_ENTRY], "little")
         last = int.from_bytes(value[-LOG_ENTRY:], "little")
-        if last >= BEYOND:
+        if last >= MAX_EXACT:  # no time a script writes: another writer's value
             return None
         result = [("entries", str(len(value) // LOG_ENTRY)), ("oldest", str(first))]
         return [*result, ("newest", str(last))] if len(value) > LOG_ENTRY else result
@@ -454,7 +456,9 @@ def unpack_state(code: str, value: bytes) -> list[tuple[str, str]] | None:
             return None
         if code == "sw":
             numbers[0] *= 1000  # its start in ms
-    if not all(-BEYOND < number < BEYOND for number in numbers):  # NaN too
+    # No time or count a script writes reaches 2^53: a value beyond is another writer's, which
+    # the scripts read as no state (docs/ratelimit.md) and this shows as it is. (NaN too.)
+    if not all(-MAX_EXACT < number < MAX_EXACT for number in numbers):
         return None
     return [(name, f"{number:.0f}") for name, number in zip(names, numbers, strict=True)]
 

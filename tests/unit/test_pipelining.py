@@ -568,11 +568,7 @@ async def test_a_call_alone_reads_under_redis_pys_own_timeout(
     monkeypatch.setattr(pipelining, "UNTIMED_READS", True)
     pool.socket_timeout = 5.0
     shared = SharedConnection(pool)
-    warm = caller(shared, [cmd(0)])
-    await settle()
-    conn, = pool.handed
-    conn.replies.put_nowait(0)
-    await warm
+    conn = await opened(pool, shared)
     alone = caller(shared, [cmd(1)])
     await settle()
     conn.replies.put_nowait(1)
