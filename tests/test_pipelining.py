@@ -92,6 +92,13 @@ def server_pid() -> int:
     return int(get_client().info("server")["process_id"])
 
 
+async def closed_by_the_server(conn: Any) -> None:
+    """Until the server's close of ``conn`` (an idle timeout, ``CLIENT KILL``) has reached its
+    socket, as it has between two requests: asyncio's transport reads the EOF as it comes."""
+    await auntil(lambda: conn._reader is not None and conn._reader.at_eof(),
+                 what="the server's close to reach the socket")
+
+
 @contextlib.contextmanager
 def primaries_paused() -> Iterator[None]:
     """Every primary stopped (SIGSTOP) for the block (see tests/test_lean_path.paused). On the
@@ -245,7 +252,7 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced_before_the_
     assert (await policy.ahit("a")).allowed
     closed = shared()._conn
     get_client().client_kill_filter(_type="normal", skipme=True)  # an idle timeout, say
-    await asyncio.sleep(0.05)  # the EOF reaches the socket, as between two requests
+    await closed_by_the_server(closed)
     decisions = await asyncio.gather(*(policy.ahit("a") for _ in range(8)))
     assert sorted(d.remaining for d in decisions) == list(range(91, 99))  # none lost, none twice
     assert shared()._conn is closed and closed.is_connected  # reconnected before the write
@@ -378,11 +385,14 @@ async def test_a_moved_reply_in_a_batch_retries_only_its_calls_once_each(
 
 
 @pytest.mark.cluster
+@pytest.mark.parametrize("read_by", ["the transport", "redis-py"])
 async def test_a_node_gone_from_the_table_has_its_shared_connection_closed(
-        on_cluster: Any) -> None:
+        on_cluster: Any, read_by: str) -> None:
     """redis-py builds a new node object for a node it did not know (one that left the table
     and came back; before 8.1, every node at each read of the table): the old object's shared
-    connection is closed and given back once idle, and the node's calls go on a new one."""
+    connection is closed and given back once idle, and the node's calls go on a new one. The
+    table read again by the transport (after a MOVED) retires it at once; by redis-py itself
+    (its own commands' redirects), at the node's next call."""
     from django_redislua.protocol import Refresh
 
     policy = Policy("node-gone", rate="100/h", algorithm="fixed_window")
@@ -394,11 +404,16 @@ async def test_a_node_gone_from_the_table_has_its_shared_connection_closed(
     conn = old._conn
     assert conn is not None and conn.is_connected
     del client.nodes_manager.nodes_cache[node.name]  # the table no longer names it
-    assert await transport.refresh(Refresh())  # read again: a new object for the same node
+    if read_by == "the transport":
+        assert await transport.refresh(Refresh())  # read again: a new object for the same node
+        await auntil(lambda: not conn.is_connected, what="the old node's connection to close")
+        assert old._conn is None
+    else:
+        await client.nodes_manager.initialize()
     assert client.get_node(node_name=node.name) is not node
+    assert (await policy.ahit("k")).remaining == 98  # on the new node's shared connection
     await auntil(lambda: not conn.is_connected, what="the old node's connection to close")
     assert old._conn is None
-    assert (await policy.ahit("k")).remaining == 98  # on the new node's shared connection
     assert transport.node_connections[node.name] is not old
     await node.disconnect()  # its other connections (none open: the old object is dropped)
 
@@ -425,6 +440,6 @@ async def test_checks_on_two_slots_of_one_node_share_its_connection_after_a_reco
     assert [d.remaining for d in await aevaluate(pair)] == [4, 4]
     node = next(client for node_name, client in primary_nodes() if node_name == name)
     node.client_kill_filter(_type="normal", skipme=True)
-    await asyncio.sleep(0.05)  # the EOF reaches the socket, as between two requests
+    await closed_by_the_server(cluster_transport().node_connections[name]._conn)
     assert [d.remaining for d in await aevaluate(pair)] == [3, 3]
     assert len(cluster_transport().node_connections) == 1
