@@ -23,8 +23,9 @@ Every guarantee of the per-call path holds:
   connection; a call that could not be written because the connection could not be opened fails
   as *unsent* (:func:`django_redislua.protocol.unsent`), as on the per-call path;
 - **timeouts**: each reply is read within the pool's socket timeout of the start of its read
-  (a reader task keeps it with one timer of its own on redis-py 8.1, :class:`_Deadline`; a
-  call alone, with redis-py's);
+  (on redis-py 8.1 and newer, where the writes and reads go straight to the connection's
+  stream and parser, :mod:`django_redislua.direct`, one timer per connection keeps it,
+  :class:`_Deadline`; before, redis-py's own timer on each read);
 - **cancellation**: a task cancelled before its call was written withdraws it (it is never
   sent); one cancelled after reads nothing, and its reply is read and dropped, so its
   batch-mates' replies stay in order (a call alone cancelled while reading its own reply hands
@@ -60,7 +61,7 @@ import redis.asyncio.cluster
 import redis.asyncio.connection
 from redis.exceptions import ResponseError
 
-from django_redislua import lean
+from django_redislua import direct, lean
 from django_redislua.conf import settings
 from django_redislua.connection import checkout
 from django_redislua.drivers import adrive, keep_running
@@ -93,18 +94,6 @@ def has_connection_api() -> bool:
 
 
 SUPPORTED = has_connection_api()
-def has_untimed_reads() -> bool:
-    """Feature test (docs/versions.md): redis-py's asyncio ``read_response`` reads with no
-    timer of its own when asked for ``timeout=math.inf`` (8.1 and newer; before, it arms one
-    that never fires). A reader task then keeps the socket timeout with one timer of its own
-    (:class:`_Deadline`) instead of redis-py arming and cancelling one per reply, about a
-    fifth of a batched decision's client CPU (docs/benchmarks.md)."""
-    return "inf" in redis.asyncio.connection.Connection.read_response.__code__.co_names
-
-
-UNTIMED_READS = has_untimed_reads()
-
-
 def eligible(pool: Any) -> bool:
     """Whether a server's asyncio transport shares a connection: the setting, a plain pool
     (:func:`lean.plain`) of at least two connections (one stays for everything else)."""
@@ -231,42 +220,53 @@ def _own_copy(failure: BaseException) -> BaseException:
 
 
 class _Deadline:
-    """A reader task's socket timeout: each reply due within the connection's
-    ``socket_timeout`` (read at each read's start: redis-py relaxes it during a server's
-    maintenance) of the start of its read, watched by one timer that is re-armed only when it
-    fires early (a reply came in the meantime), never per reply. Expired, it cancels the
-    reader, which takes the cancellation for a timeout (:attr:`expired`)."""
+    """A shared connection's socket timeout, on redis-py 8.1 and newer (the reads are
+    :func:`direct.reply`'s, with no timer of redis-py's): each reply due within the
+    connection's ``socket_timeout`` (read at each read's start: redis-py relaxes it during a
+    server's maintenance) of the start of its read, watched by one timer that is re-armed only
+    when it fires early (a reply came in the meantime), never per reply. Expired, it aborts
+    the connection's transport: the read fails, and its reader reports a timeout
+    (:meth:`timed_out`). Nothing is cancelled: the reader may be the task of a call alone,
+    whose cancellation is its caller's own."""
 
-    __slots__ = ("conn", "due", "expired", "handle", "loop", "reader")
+    __slots__ = ("conn", "due", "expired", "handle")
 
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-        self.loop = asyncio.get_running_loop()
-        self.reader = asyncio.current_task()
-        self.due = math.inf
-        self.expired = False
+    def __init__(self) -> None:
+        self.conn: Any = None
+        self.due = math.inf  # inf: no read is waiting
+        self.expired: Any = None
         self.handle: asyncio.TimerHandle | None = None
 
-    def reading(self) -> None:
-        """A read starts: its reply is due within the socket timeout (None: whenever)."""
-        timeout = self.conn.socket_timeout
-        self.due = math.inf if timeout is None else self.loop.time() + timeout
-        if self.handle is None and timeout is not None:
-            self.handle = self.loop.call_at(self.due, self._check)
+    def reading(self, conn: Any) -> None:
+        """A read of ``conn`` starts: its reply is due within the socket timeout."""
+        timeout = conn.socket_timeout
+        if timeout is None:
+            self.due = math.inf
+            return
+        loop = asyncio.get_running_loop()
+        self.conn = conn
+        self.due = loop.time() + timeout
+        if self.handle is None:
+            self.handle = loop.call_at(self.due, self._check, loop)
 
-    def _check(self) -> None:
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
         self.handle = None
-        if self.loop.time() < self.due:  # a reply came meanwhile: the read now pending is due later
-            if self.due != math.inf:
-                self.handle = self.loop.call_at(self.due, self._check)
-        elif self.reader is not None:
-            self.expired = True
-            self.reader.cancel()
+        if self.due == math.inf:
+            return  # nothing read now: armed again by the next read
+        if loop.time() < self.due:  # a reply came meanwhile: the read now pending is due later
+            self.handle = loop.call_at(self.due, self._check, loop)
+            return
+        self.due = math.inf
+        writer = self.conn._writer
+        if writer is not None:
+            self.expired = writer.transport
+            writer.transport.abort()
 
-    def stop(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
+    def timed_out(self, conn: Any) -> bool:
+        """Whether a read of ``conn`` failed because the timer aborted it (not a connection
+        opened again since: its transport is another)."""
+        writer = conn._writer
+        return writer is not None and writer.transport is self.expired
 
 
 class SharedConnection:
@@ -288,6 +288,7 @@ class SharedConnection:
         # it, never while another task could still touch its socket.
         self._using: dict[Any, int] = {}
         self._retired = False  # closed whenever idle (its cluster node left the table)
+        self._deadline = _Deadline() if direct.STREAM_API else None
 
     def exchange(self, commands: Sequence[Command]) -> Awaitable[list[Any]]:
         """``commands``' replies (an error reply as its exception), sent once: an awaitable.
@@ -408,7 +409,7 @@ class SharedConnection:
                 self._start_reader(conn)
         self._enter(conn)
         try:
-            yield conn.send_packed_command(self._pack(conn, commands), check_health=False)
+            yield from direct.sent(conn, self._pack(conn, commands))
         except BaseException as exc:  # some of it may have reached Redis: lost replies
             self._lost(conn, exc)
             if leads:  # the caller will not read: its reader's part ends here
@@ -451,14 +452,14 @@ class SharedConnection:
         # This connection's calls: once it is dropped (_lost), self._in_flight holds the next
         # connection's, and a reply still read here must not be taken for one of theirs.
         in_flight = self._in_flight
-        deadline = _Deadline(conn) if own is None and UNTIMED_READS else None
+        deadline = self._deadline
         try:
             while self._conn is conn and in_flight and (own is None or not own.future.done()):
                 exchange = in_flight[0]
                 try:
                     if deadline is not None:
-                        deadline.reading()
-                        reply = yield conn.read_response(timeout=math.inf)
+                        deadline.reading(conn)
+                        reply = yield direct.reply(conn)  # an error reply returned, not raised
                     elif own is None:
                         reply = yield conn.read_response()
                     else:
@@ -469,11 +470,11 @@ class SharedConnection:
                     if own is not None and isinstance(exc, asyncio.CancelledError):
                         own.future.cancel()  # its reply is read and dropped, by a reader task
                         raise
-                    if deadline is not None and deadline.expired:
+                    if deadline is not None and deadline.timed_out(conn):
                         # No reply within the socket timeout: what redis-py's own timer says.
-                        self._lost(conn, redis.TimeoutError(
-                            f"Timeout reading from {_address(conn)}"))
-                        raise
+                        exc = redis.TimeoutError(f"Timeout reading from {direct.address(conn)}")
+                    elif deadline is not None:
+                        exc = direct.failure(conn, exc)
                     # A failed read, or a reader task cancelled (its loop closing): whatever
                     # is in flight on the connection is lost with it.
                     self._lost(conn, exc)
@@ -489,7 +490,7 @@ class SharedConnection:
                         exchange.future.set_result(exchange.replies)
         finally:
             if deadline is not None:
-                deadline.stop()
+                deadline.due = math.inf  # no read waits now
             if own is not None and self._conn is conn and in_flight:
                 self._start_reader(conn)  # this one's part on the connection passes to it
             else:
@@ -550,12 +551,6 @@ class SharedConnection:
             yield conn.disconnect()
         finally:
             yield self.pool.release(conn)
-
-
-def _address(conn: Any) -> str:
-    """Where ``conn`` reads from, for a timeout's message (a host and port, or a socket path)."""
-    path = getattr(conn, "path", None)
-    return str(path) if path else f"{getattr(conn, 'host', '?')}:{getattr(conn, 'port', '?')}"
 
 
 class _Awaited:

@@ -33,6 +33,7 @@ from django.test import override_settings
 from django_redislua import (
     atransport,
     connection,
+    direct,
     exchange,
     lean,
     metrics,
@@ -69,8 +70,8 @@ ROWS: dict[str, tuple[Callable[[], Any], Callable[[], bool]]] = {
     "`disconnect`, `send_packed_command(check_health=False)`, `read_response` (with "
     "`disconnect_on_error=False`), `pack_commands` (asyncio)":
         (pipelining.has_connection_api, lambda: True),
-    "`read_response(timeout=math.inf)` reading with no timer of redis-py's own (asyncio)":
-        (pipelining.has_untimed_reads, lambda: pipelining.UNTIMED_READS),
+    "`Connection._writer`, `Connection._read_response_from_parser()` (asyncio)":
+        (direct.has_stream_api, lambda: lean._version(redis.__version__) >= (8, 1)),
     "`ClusterNode.acquire_connection`, `ClusterNode.release` (asyncio)":
         (pipelining.has_node_release, lambda: lean._version(redis.__version__) >= (6, 4)),
     "`caches[alias]._cache.get_client(write=True)`": (connection.has_django_cache_client,
@@ -199,6 +200,18 @@ def test_without_the_shared_connection_api_asyncio_calls_take_a_connection_each(
     monkeypatch.setattr(pipelining, "SUPPORTED", False)
     found = atransport.AsyncServerTransport(redis.asyncio.Redis(host="127.0.0.1", port=1))
     assert found.shared is None
+
+
+@pytest.mark.unit
+def test_without_the_stream_api_the_shared_connection_uses_redis_pys_methods(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every test of tests/unit/test_pipelining.py runs both ways ("methods": as here).
+    monkeypatch.delattr(redis.asyncio.connection.AbstractConnection,
+                        "_read_response_from_parser", raising=False)
+    assert not direct.has_stream_api()
+    monkeypatch.setattr(direct, "STREAM_API", False)
+    pool = redis.asyncio.ConnectionPool(host="127.0.0.1", port=1)
+    assert pipelining.SharedConnection(pool)._deadline is None  # redis-py's timer per read
 
 
 @pytest.mark.unit

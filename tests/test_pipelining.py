@@ -218,6 +218,23 @@ async def test_a_reader_task_given_no_reply_times_its_batch_out_each_applied_onc
     assert (await policy.ahit("user1")).remaining == 98  # once: nothing was sent again
 
 
+async def test_a_call_alone_given_no_reply_times_out_applied_once(short_timeouts: None) -> None:
+    # A call alone reads its own reply in its caller's task: on redis-py 8.1 the shared
+    # connection's timer closes the socket when the reply is late (it never cancels that task);
+    # before, redis-py's own timer on the read. The caller gets a timeout, not a cancellation.
+    policy = Policy("deadline-alone", rate="100/h", algorithm="fixed_window")
+    assert (await policy.ahit("warm")).allowed
+    with paused(server_pid()):
+        # A bound against hanging, not a timing: the server stays stopped meanwhile.
+        call = asyncio.ensure_future(policy.ahit("solo"))
+        done, _ = await asyncio.wait([call], timeout=60)
+    assert done and isinstance(call.exception(), redis.TimeoutError), call
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    await auntil(lambda: 100 - policy.peek("solo").remaining == 1, what="the written call to run")
+    assert (await policy.ahit("solo")).remaining == 98  # once: it was not sent again
+
+
 @pytest.mark.topologies
 async def test_tasks_cancelled_in_a_batch_leave_no_slot_and_the_others_get_their_own() -> None:
     needs_batches()

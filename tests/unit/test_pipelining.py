@@ -15,17 +15,66 @@ import pytest
 import redis
 from redis.exceptions import ResponseError
 
-from django_redislua import pipelining
+from django_redislua import direct, pipelining
 from django_redislua.pipelining import MAX_BATCH, SharedConnection, shares
 from django_redislua.protocol import was_unsent
 
 
+class ScriptedTransport:
+    """The asyncio transport under a connection's stream writer (redis-py 8.1 and newer, where
+    the shared connection writes and reads on the stream, django_redislua/direct.py)."""
+
+    def __init__(self, conn: ScriptedConnection) -> None:
+        self.conn = conn
+        self.aborted = False
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def get_write_buffer_size(self) -> int:
+        """Not empty while a write hangs (the socket took none of it) or is about to fail."""
+        conn = self.conn
+        hangs = conn.write_gate is not None and not conn.write_gate.is_set()
+        return int(hangs or conn.failing_write is not None or not conn.is_connected)
+
+    def abort(self) -> None:
+        """As asyncio's: the reader sees the end of the stream after what was already in."""
+        self.aborted = True
+        self.conn.replies.put_nowait(redis.ConnectionError("Connection closed by server."))
+
+
+class ScriptedWriter:
+    """A connection's ``StreamWriter``: a write goes to the transport at once; ``drain``
+    waits while the transport holds some of it, and fails when the connection did."""
+
+    def __init__(self, conn: ScriptedConnection) -> None:
+        self.conn = conn
+        self.transport = ScriptedTransport(conn)
+
+    def writelines(self, packed: Any) -> None:
+        if self.conn.failing_write is None:
+            self.conn.writes.append(packed)
+
+    async def drain(self) -> None:
+        conn = self.conn
+        if conn.failing_write is not None:
+            conn.is_connected = False
+            raise conn.failing_write
+        if conn.write_gate is not None:
+            await conn.write_gate.wait()
+        if not conn.is_connected:
+            raise redis.ConnectionError("closed while writing")
+
+
 class ScriptedConnection:
     """A redis-py asyncio connection as the shared connection uses it: what is written is
-    recorded (one entry per write); each reply is given by the test, in order."""
+    recorded (one entry per write); each reply is given by the test, in order. With
+    ``streams`` (the pool's), it has redis-py 8.1's stream writer and parser read, which the
+    shared connection then uses instead of ``send_packed_command`` and ``read_response``."""
 
     def __init__(self, pool: ScriptedPool) -> None:
         self.pool = pool
+        self._writer = ScriptedWriter(self) if pool.streams else None
         self.writes: list[list[tuple[Any, ...]]] = []
         self.replies: asyncio.Queue[Any] = asyncio.Queue()
         self.is_connected = True
@@ -69,6 +118,16 @@ class ScriptedConnection:
             raise reply
         return reply
 
+    async def _read_response_from_parser(self) -> Any:
+        """The parser's read (redis-py 8.1): no timer, an error reply returned, not raised."""
+        assert self._writer is not None, "a stream read on a connection without one"
+        self.reads.append((asyncio.current_task(), False))
+        self.read_timeouts.append(math.inf)
+        reply = await self.replies.get()
+        if isinstance(reply, BaseException) and not isinstance(reply, ResponseError):
+            raise reply
+        return reply
+
     async def can_read(self) -> bool:
         # The readiness check reads the socket (redis-py's hiredis parser, with a zero timeout):
         # like asyncio's StreamReader, one reader at a time.
@@ -79,11 +138,13 @@ class ScriptedConnection:
                 await self.check_gate.wait()
             finally:
                 self.checking = False
-        return self.waiting_data
+        return self.waiting_data or (self._writer is not None and self._writer.transport.aborted)
 
     can_read_destructive = can_read  # its name before redis-py 8.0
 
     async def connect(self) -> None:
+        if self.pool.streams:
+            self._writer = ScriptedWriter(self)  # a new socket
         self.is_connected = True
         self.waiting_data = False
         self.marked = False
@@ -97,7 +158,8 @@ class ScriptedPool:
     max_connections = 10
     connection_kwargs: dict[str, Any] = {"command_packer": object()}  # redis-py packs
 
-    def __init__(self) -> None:
+    def __init__(self, streams: bool) -> None:
+        self.streams = streams
         self.socket_timeout: float | None = None  # the connections' own
         self.handed: list[ScriptedConnection] = []
         self.released: list[ScriptedConnection] = []
@@ -134,10 +196,14 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-@pytest.fixture
-def pool(monkeypatch: pytest.MonkeyPatch) -> ScriptedPool:
+@pytest.fixture(params=["streams", "methods"])
+def pool(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ScriptedPool:
+    """Connections as redis-py 8.1's (the stream and parser used directly), and as older
+    versions' (their public send and read methods): every test runs on both."""
+    streams = request.param == "streams"
     monkeypatch.setattr(pipelining.lean, "packer", lambda pool: None)
-    return ScriptedPool()
+    monkeypatch.setattr(direct, "STREAM_API", streams)
+    return ScriptedPool(streams)
 
 
 async def test_calls_of_one_iteration_share_one_write_and_get_their_own_replies(
@@ -497,7 +563,15 @@ async def test_a_reader_cancelled_as_its_loop_closes_drops_the_connection(
     assert pool.released == [conn] and conn.disconnects >= 1  # its replies would be unread
 
 
-# -- the reader's socket timeout (redis-py 8.1: one timer per reader, not per reply) -----------
+# -- the socket timeout (redis-py 8.1: one timer per shared connection, not per reply) --------
+
+@pytest.fixture
+def streams_pool(monkeypatch: pytest.MonkeyPatch) -> ScriptedPool:
+    """Connections as redis-py 8.1's only: the shared connection's own timer keeps the timeout."""
+    monkeypatch.setattr(pipelining.lean, "packer", lambda pool: None)
+    monkeypatch.setattr(direct, "STREAM_API", True)
+    return ScriptedPool(True)
+
 
 def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The running loop's clock, moved by the test only: its timers fire when it says."""
@@ -511,7 +585,6 @@ async def timed_batch(pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch, calls
                       ) -> tuple[list[float], SharedConnection, list[asyncio.Task[list[Any]]]]:
     """``calls`` calls written as one batch, read by a reader task on redis-py 8.1's untimed
     reads, with a 5 s socket timeout and the loop's clock frozen: (clock, shared, calls)."""
-    monkeypatch.setattr(pipelining, "UNTIMED_READS", True)
     now = frozen_clock(monkeypatch)
     pool.socket_timeout = 5.0
     shared = SharedConnection(pool)
@@ -521,7 +594,8 @@ async def timed_batch(pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch, calls
 
 
 async def test_a_reader_given_no_reply_within_the_socket_timeout_fails_its_calls_as_lost(
-        pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+        streams_pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = streams_pool
     now, shared, calls = await timed_batch(pool, monkeypatch, 3)
     conn, = pool.handed
     assert conn.read_timeouts == [math.inf]  # no timer of redis-py's: the reader's own
@@ -545,9 +619,9 @@ async def test_a_reader_given_no_reply_within_the_socket_timeout_fails_its_calls
 
 
 async def test_each_reply_has_the_socket_timeout_from_the_start_of_its_own_read(
-        pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
-    now, shared, (first, second) = await timed_batch(pool, monkeypatch, 2)
-    conn, = pool.handed
+        streams_pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    now, shared, (first, second) = await timed_batch(streams_pool, monkeypatch, 2)
+    conn, = streams_pool.handed
     now[0] += 4.0
     conn.replies.put_nowait("one")
     await settle()
@@ -561,11 +635,90 @@ async def test_each_reply_has_the_socket_timeout_from_the_start_of_its_own_read(
     assert conn.disconnects == 0 and shared._conn is conn
 
 
-async def test_a_call_alone_reads_under_redis_pys_own_timeout(
-        pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A caller reading its own reply is not a reader task the deadline could cancel: a
-    # cancellation there is the caller's own (its reply is then read and dropped).
-    monkeypatch.setattr(pipelining, "UNTIMED_READS", True)
+async def test_a_call_alone_given_no_reply_within_the_socket_timeout_fails_as_lost(
+        streams_pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The caller's own task reads its reply: the timer closes the connection rather than
+    # cancel that task (a cancellation there is its caller's own, and would reach it).
+    pool = streams_pool
+    now = frozen_clock(monkeypatch)
+    pool.socket_timeout = 5.0
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    cancellations: list[int] = []
+
+    async def alone_call() -> list[Any]:
+        try:
+            return await shared.exchange([cmd(1)])
+        finally:
+            task = asyncio.current_task()
+            assert task is not None
+            cancellations.append(task.cancelling())
+
+    alone = asyncio.ensure_future(alone_call())
+    await settle()
+    assert conn.reads[-1][0] is alone and conn.read_timeouts[-1] == math.inf
+    now[0] += 4.9
+    await settle()
+    assert not alone.done()
+    now[0] += 0.2
+    await settle()
+    with pytest.raises(redis.TimeoutError, match="Timeout reading from"):
+        await alone
+    assert cancellations == [0] and not was_unsent(alone.exception())
+    assert conn._writer is not None and conn._writer.transport.aborted
+    await settle()
+    assert pool.released == [conn] and conn.disconnects >= 1
+    await answered_on(pool, 1, shared)
+
+
+async def test_a_timer_that_fires_after_its_reply_came_closes_nothing(
+        streams_pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One timer per connection, armed by the first read and never cancelled: when it fires
+    # with no read waiting (or one started since, not yet due), the connection is kept.
+    pool = streams_pool
+    now = frozen_clock(monkeypatch)
+    pool.socket_timeout = 5.0
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    now[0] += 6.0  # the timer armed by opened()'s read fires: nothing is read now
+    await settle()
+    later = caller(shared, [cmd(1)])
+    await settle()
+    now[0] += 4.0  # 10 s after the first read, 4 s after this one's
+    await settle()
+    conn.replies.put_nowait(1)
+    assert await later == [1]
+    assert conn._writer is not None and not conn._writer.transport.aborted
+    assert conn.disconnects == 0 and shared._conn is conn
+    unanswered = caller(shared, [cmd(2)])  # and the timer still keeps the next read's timeout
+    await settle()
+    now[0] += 5.1
+    await settle()
+    with pytest.raises(redis.TimeoutError):
+        await unanswered
+
+
+async def test_a_socket_error_reaches_the_callers_as_redis_pys_connection_error(
+        streams_pool: ScriptedPool) -> None:
+    # Read on the parser directly, a reset arrives as the OSError it is: the callers get what
+    # redis-py's read_response would have raised (a ConnectionError, possibly sent).
+    shared = SharedConnection(streams_pool)
+    calls = [caller(shared, [cmd(n)]) for n in range(2)]
+    await settle()
+    conn, = streams_pool.handed
+    conn.replies.put_nowait(ConnectionResetError(104, "Connection reset by peer"))
+    for call in calls:
+        with pytest.raises(redis.ConnectionError, match="Error while reading from"):
+            await call
+        assert not was_unsent(call.exception())
+    await answered_on(streams_pool, 1, shared)
+
+
+async def test_a_call_alone_reads_under_redis_pys_own_timeout_before_redis_py_8_1(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipelining.lean, "packer", lambda pool: None)
+    monkeypatch.setattr(direct, "STREAM_API", False)
+    pool = ScriptedPool(False)
     pool.socket_timeout = 5.0
     shared = SharedConnection(pool)
     conn = await opened(pool, shared)
@@ -577,8 +730,10 @@ async def test_a_call_alone_reads_under_redis_pys_own_timeout(
 
 
 async def test_before_redis_py_8_1_every_reply_is_read_under_redis_pys_own_timer(
-        pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipelining, "UNTIMED_READS", False)  # math.inf would arm a timer anyway
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipelining.lean, "packer", lambda pool: None)
+    monkeypatch.setattr(direct, "STREAM_API", False)
+    pool = ScriptedPool(False)
     pool.socket_timeout = 5.0
     shared = SharedConnection(pool)
     calls = [caller(shared, [cmd(n)]) for n in range(2)]
@@ -591,11 +746,11 @@ async def test_before_redis_py_8_1_every_reply_is_read_under_redis_pys_own_timer
 
 
 async def test_a_read_is_due_within_the_socket_timeout_the_connection_has_when_it_starts(
-        pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+        streams_pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
     # redis-py relaxes a connection's socket timeout while the server announces maintenance:
     # a read started then is due later.
-    now, _shared, (first, second) = await timed_batch(pool, monkeypatch, 2)
-    conn, = pool.handed
+    now, _shared, (first, second) = await timed_batch(streams_pool, monkeypatch, 2)
+    conn, = streams_pool.handed
     conn.socket_timeout = 20.0  # relaxed before the first reply came
     conn.replies.put_nowait("one")
     await settle()
