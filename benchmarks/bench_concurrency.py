@@ -15,7 +15,10 @@ no call exhausts:
 - a bare redis-py asyncio ``INCR`` (one ``redis.asyncio.Redis``, its default pool): the floor
   every ratio is taken against;
 - ours, ``Policy.ahit``, fixed window and GCRA, with automatic pipelining (``PIPELINING``, the
-  default) and without it (``PIPELINING = False``: a connection per call);
+  default) and without it (``PIPELINING = False``: a connection per call); on redis-py 8.1,
+  also the fixed window pipelined through redis-py's connection methods (``send_packed_command``
+  and ``read_response``) instead of the connection's stream and parser (django_redislua/
+  direct.py), the path before commit 0ec2590 and on older redis-py;
 - throttled-py's asyncio ``Throttled`` (fixed window, GCRA) and limits' ``limits.aio`` (fixed
   window, sliding window counter), when installed (``python3 dev.py bench`` installs them).
 
@@ -43,7 +46,8 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +65,7 @@ class Contender:
     name: str
     make: Callable[[], Call]  # called on the benchmark's loop: clients belong to a loop
     pipelining: bool | None = None  # ours: the PIPELINING setting it runs with
+    stream: bool = True  # ours: the shared connection on the stream (direct.STREAM_API)
 
 
 def setup_django(url: str) -> None:
@@ -93,6 +98,11 @@ def contenders(url: str, cluster: bool) -> list[Contender]:
         found.append(Contender(f"ours {algorithm}", ours(algorithm), pipelining=True))
         found.append(Contender(f"ours {algorithm}, PIPELINING=False", ours(algorithm),
                                pipelining=False))
+    from django_redislua import direct
+
+    if direct.STREAM_API:
+        found.append(Contender("ours fixed_window, redis-py's methods", ours("fixed_window"),
+                               pipelining=True, stream=False))
     if not cluster:
         found += throttled_peers(url) + limits_peers(url)
     return found
@@ -226,13 +236,26 @@ async def tail(call: Call, tasks: int, seconds: float, tag: str) -> float:
     return statistics.quantiles(times, n=100)[98] * 1e6
 
 
-def switched(pipelining: bool | None) -> Any:
+@contextmanager
+def switched(contender: Contender) -> Iterator[None]:
+    """The settings (and the shared connection's I/O) ``contender`` runs with: a settings
+    change builds the transports again, so each gets its own."""
     from django.conf import settings
     from django.test import override_settings
 
-    if pipelining is None:
-        return override_settings()
-    return override_settings(REDISLUA={**settings.REDISLUA, "PIPELINING": pipelining})
+    from django_redislua import direct
+
+    if contender.pipelining is None:
+        yield
+        return
+    streamed = direct.STREAM_API
+    direct.STREAM_API = streamed and contender.stream
+    try:
+        with override_settings(REDISLUA={**settings.REDISLUA,
+                                         "PIPELINING": contender.pipelining}):
+            yield
+    finally:
+        direct.STREAM_API = streamed
 
 
 async def measure(found: list[Contender], args: argparse.Namespace, servers: list[Any]
@@ -244,7 +267,7 @@ async def measure(found: list[Contender], args: argparse.Namespace, servers: lis
         rng.shuffle(order)
         got: dict[str, dict[str, float]] = {}
         for contender in order:
-            with switched(contender.pipelining):
+            with switched(contender):
                 call = contender.make()
                 await rate(call, args.tasks, 0.2, f"warm{round_}")  # connections, scripts
                 cpu = server_cpu(servers)
@@ -263,7 +286,7 @@ async def measure(found: list[Contender], args: argparse.Namespace, servers: lis
     lone_server: dict[str, list[float]] = {contender.name: [] for contender in found}
     for _ in range(3):
         for contender in found:
-            with switched(contender.pipelining):
+            with switched(contender):
                 call = contender.make()
                 await lone(call, 50, "lonewarm")
                 cpu, executed = time.process_time(), commands_us(servers)
@@ -279,7 +302,7 @@ async def measure(found: list[Contender], args: argparse.Namespace, servers: lis
         order = list(tailed)
         rng.shuffle(order)
         for contender in order:
-            with switched(contender.pipelining):
+            with switched(contender):
                 call = contender.make()
                 await rate(call, args.tasks, 0.2, f"tailwarm{round_}")
                 tail_us[contender.name].append(
@@ -319,7 +342,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
               f"{r['server_us']:10.1f} {r['lone_ratio']:12.2f} {p99} "
               f"{r['lone_us']:8.0f} {r['lone_cpu_us']:7.0f} {r['lone_server_us']:7.1f}")
     ours = {name: r for name, r in results.items() if name.startswith("ours")
-            and "PIPELINING=False" not in name}
+            and "PIPELINING=False" not in name and "methods" not in name}
     peers = {name: r for name, r in results.items()
              if not name.startswith(("ours", "redis-py"))}
     print("\nissue 39's criteria (this run):")
