@@ -189,15 +189,18 @@ class Traffic:
         self.port = port
         self.answers: list[Answer] = []
         self.errors: list[BaseException] = []
+        self.failed_at: list[tuple[float, float]] = []  # (sent, failed), time.monotonic()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run) for _ in range(CLIENT_THREADS)]
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            sent = time.monotonic()
             try:
                 self.answers.append(ask(self.port))
             except OSError as exc:  # a request that gets no answer at all fails the test
                 self.errors.append(exc)
+                self.failed_at.append((sent, time.monotonic()))
             self._stop.wait(PACE)
 
     def __enter__(self) -> Traffic:
@@ -301,7 +304,14 @@ def test_cluster_down_then_up_under_gunicorn(fail_open: bool) -> None:
                 up = watch.wait_all_ok(timeout=2.0)
                 while time.monotonic() < up + OBSERVE:
                     time.sleep(0.05)
-            assert not traffic.errors, traffic.errors[:3]
+            # Said when one fails (seen once under a full local run, not reproduced since):
+            # when the unanswered requests were sent against the cluster's start, and what
+            # the workers logged.
+            assert not traffic.errors, (
+                traffic.errors[:3],
+                [(round(s - asked_to_start, 2), round(f - asked_to_start, 2))
+                 for s, f in traffic.failed_at[:3]],
+                f"all ok at {up - asked_to_start:.2f}s", served.log_text()[-4000:])
             answers = traffic.answers
             logged = served.access({a.number for a in answers})
             assert {a.status for a in answers} <= {200, 429, undecided_status}
