@@ -22,6 +22,7 @@ connection is used, disconnecting. On a redis-py whose connections lack what thi
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Generator
 from typing import Any
 
@@ -60,10 +61,22 @@ def sent(conn: Any, data: bytes | list[bytes]) -> Steps:
             writer.writelines(data)
         if writer.transport.get_write_buffer_size():
             yield asyncio.wait_for(writer.drain(), conn.socket_timeout)
-    except TimeoutError:
-        raise redis.TimeoutError("Timeout writing to socket") from None
-    except OSError as exc:
-        raise redis.ConnectionError(f"Error while writing to {address(conn)}: {exc}") from exc
+    except BaseException as exc:
+        # Part of it may be out: the socket is closed at once, as redis-py's own send does,
+        # so that a read waiting on it ends now (its replies lost with the connection).
+        writer.transport.abort()
+        if isinstance(exc, TimeoutError):
+            raise redis.TimeoutError("Timeout writing to socket") from None
+        if isinstance(exc, OSError):
+            raise redis.ConnectionError(f"Error while writing to {address(conn)}: {exc}") from exc
+        raise
+
+
+def closing(conn: Any) -> bool:
+    """Whether ``conn``'s socket is being closed (its timer or a failed write aborted it) while
+    the connection still counts as connected: nothing may be written on it any more."""
+    writer = conn._writer if STREAM_API else None
+    return writer is not None and writer.transport.is_closing()
 
 
 def reply(conn: Any) -> Awaitable[Any]:
@@ -81,6 +94,65 @@ def failure(conn: Any, exc: BaseException) -> BaseException:
     if isinstance(exc, OSError):
         return redis.ConnectionError(f"Error while reading from {address(conn)} : {exc.args}")
     return exc
+
+
+class Deadline:
+    """A connection's socket timeout, on redis-py 8.1 and newer (the reads are
+    :func:`reply`'s, with no timer of redis-py's): each reply due within the
+    connection's ``socket_timeout`` of the start of its read (the timeout read again when the
+    timer fires: redis-py relaxes it during a server's maintenance, also mid-read), watched by
+    one timer that is re-armed only when it fires early (a reply came in the meantime), never
+    per reply. Expired, it aborts the connection's transport: the read fails, and its reader
+    reports a timeout (:meth:`timed_out`). Nothing is cancelled: the reader may be the task of
+    a call alone, whose cancellation is its caller's own. One per connection (a connection
+    dropped after a failure may still be read while its successor is)."""
+
+    __slots__ = ("conn", "expired", "handle", "started")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.started = math.inf  # when the read now waiting started; inf: none waits
+        self.expired: Any = None  # the transport it aborted
+        self.handle: asyncio.TimerHandle | None = None
+
+    def reading(self) -> None:
+        """A read starts: its reply is due within the socket timeout."""
+        timeout = self.conn.socket_timeout
+        if timeout is None:
+            self.started = math.inf
+            return
+        loop = asyncio.get_running_loop()
+        self.started = loop.time()
+        if self.handle is None:
+            self.handle = loop.call_at(self.started + timeout, self._check, loop)
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.handle = None
+        timeout = self.conn.socket_timeout
+        if self.started == math.inf or timeout is None:
+            return  # nothing read now: armed again by the next read
+        due = self.started + timeout
+        if loop.time() < due:  # a reply came meanwhile (or the timeout grew): not yet
+            self.handle = loop.call_at(due, self._check, loop)
+            return
+        self.started = math.inf
+        writer = self.conn._writer
+        if writer is not None:
+            self.expired = writer.transport
+            writer.transport.abort()
+
+    def timed_out(self) -> bool:
+        """Whether a read failed because the timer aborted it (not on a connection opened
+        again since: its transport is another)."""
+        writer = self.conn._writer
+        return writer is not None and writer.transport is self.expired
+
+    def stop(self) -> None:
+        """Its connection is given back: no timer left behind."""
+        self.started = math.inf
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
 
 def address(conn: Any) -> str:

@@ -25,7 +25,7 @@ Every guarantee of the per-call path holds:
 - **timeouts**: each reply is read within the pool's socket timeout of the start of its read
   (on redis-py 8.1 and newer, where the writes and reads go straight to the connection's
   stream and parser, :mod:`django_redislua.direct`, one timer per connection keeps it,
-  :class:`_Deadline`; before, redis-py's own timer on each read);
+  :class:`direct.Deadline`; before, redis-py's own timer on each read);
 - **cancellation**: a task cancelled before its call was written withdraws it (it is never
   sent); one cancelled after reads nothing, and its reply is read and dropped, so its
   batch-mates' replies stay in order (a call alone cancelled while reading its own reply hands
@@ -219,56 +219,6 @@ def _own_copy(failure: BaseException) -> BaseException:
     return mine
 
 
-class _Deadline:
-    """A shared connection's socket timeout, on redis-py 8.1 and newer (the reads are
-    :func:`direct.reply`'s, with no timer of redis-py's): each reply due within the
-    connection's ``socket_timeout`` (read at each read's start: redis-py relaxes it during a
-    server's maintenance) of the start of its read, watched by one timer that is re-armed only
-    when it fires early (a reply came in the meantime), never per reply. Expired, it aborts
-    the connection's transport: the read fails, and its reader reports a timeout
-    (:meth:`timed_out`). Nothing is cancelled: the reader may be the task of a call alone,
-    whose cancellation is its caller's own."""
-
-    __slots__ = ("conn", "due", "expired", "handle")
-
-    def __init__(self) -> None:
-        self.conn: Any = None
-        self.due = math.inf  # inf: no read is waiting
-        self.expired: Any = None
-        self.handle: asyncio.TimerHandle | None = None
-
-    def reading(self, conn: Any) -> None:
-        """A read of ``conn`` starts: its reply is due within the socket timeout."""
-        timeout = conn.socket_timeout
-        if timeout is None:
-            self.due = math.inf
-            return
-        loop = asyncio.get_running_loop()
-        self.conn = conn
-        self.due = loop.time() + timeout
-        if self.handle is None:
-            self.handle = loop.call_at(self.due, self._check, loop)
-
-    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.handle = None
-        if self.due == math.inf:
-            return  # nothing read now: armed again by the next read
-        if loop.time() < self.due:  # a reply came meanwhile: the read now pending is due later
-            self.handle = loop.call_at(self.due, self._check, loop)
-            return
-        self.due = math.inf
-        writer = self.conn._writer
-        if writer is not None:
-            self.expired = writer.transport
-            writer.transport.abort()
-
-    def timed_out(self, conn: Any) -> bool:
-        """Whether a read of ``conn`` failed because the timer aborted it (not a connection
-        opened again since: its transport is another)."""
-        writer = conn._writer
-        return writer is not None and writer.transport is self.expired
-
-
 class SharedConnection:
     """One connection of an asyncio pool that carries every exchange of its loop's transport
     (see the module docstring)."""
@@ -288,7 +238,8 @@ class SharedConnection:
         # it, never while another task could still touch its socket.
         self._using: dict[Any, int] = {}
         self._retired = False  # closed whenever idle (its cluster node left the table)
-        self._deadline = _Deadline() if direct.STREAM_API else None
+        # Each connection's timer (redis-py 8.1 and newer; before, redis-py's per read).
+        self._deadlines: dict[Any, direct.Deadline] | None = {} if direct.STREAM_API else None
 
     def exchange(self, commands: Sequence[Command]) -> Awaitable[list[Any]]:
         """``commands``' replies (an error reply as its exception), sent once: an awaitable.
@@ -435,6 +386,11 @@ class SharedConnection:
         checked as the pool checks one it hands out (data waiting, or closed by the server,
         means a new connection)."""
         conn = self._conn
+        if conn is not None and direct.closing(conn):
+            # Closed by its timer (a reply late) or a failed write, its reader not yet told:
+            # what is in flight there is lost; nothing of this batch was written there.
+            yield from self._abandoned(conn)
+            conn = None
         if conn is None:
             conn = self._conn = yield self._checkout()  # connected and checked by the pool
             return conn
@@ -452,13 +408,13 @@ class SharedConnection:
         # This connection's calls: once it is dropped (_lost), self._in_flight holds the next
         # connection's, and a reply still read here must not be taken for one of theirs.
         in_flight = self._in_flight
-        deadline = self._deadline
+        deadline = self._deadline_of(conn)
         try:
             while self._conn is conn and in_flight and (own is None or not own.future.done()):
                 exchange = in_flight[0]
                 try:
                     if deadline is not None:
-                        deadline.reading(conn)
+                        deadline.reading()
                         reply = yield direct.reply(conn)  # an error reply returned, not raised
                     elif own is None:
                         reply = yield conn.read_response()
@@ -470,7 +426,7 @@ class SharedConnection:
                     if own is not None and isinstance(exc, asyncio.CancelledError):
                         own.future.cancel()  # its reply is read and dropped, by a reader task
                         raise
-                    if deadline is not None and deadline.timed_out(conn):
+                    if deadline is not None and deadline.timed_out():
                         # No reply within the socket timeout: what redis-py's own timer says.
                         exc = redis.TimeoutError(f"Timeout reading from {direct.address(conn)}")
                     elif deadline is not None:
@@ -490,7 +446,7 @@ class SharedConnection:
                         exchange.future.set_result(exchange.replies)
         finally:
             if deadline is not None:
-                deadline.due = math.inf  # no read waits now
+                deadline.started = math.inf  # no read waits now
             if own is not None and self._conn is conn and in_flight:
                 self._start_reader(conn)  # this one's part on the connection passes to it
             else:
@@ -546,7 +502,32 @@ class SharedConnection:
         retired connection) loses nothing."""
         return conn not in self._using and not self._pending and not self._in_flight
 
+    def _deadline_of(self, conn: Any) -> direct.Deadline | None:
+        deadlines = self._deadlines
+        if deadlines is None:
+            return None
+        deadline = deadlines.get(conn)
+        if deadline is None:
+            deadline = deadlines[conn] = direct.Deadline(conn)
+        return deadline
+
+    def _abandoned(self, conn: Any) -> Steps[None]:
+        """``conn``'s transport is closing: the calls in flight on it fail (a timeout, if its
+        timer closed it), and it is given back unless a task still reads it (that one does)."""
+        deadline = self._deadline_of(conn)
+        if deadline is not None and deadline.timed_out():
+            failure: Exception = redis.TimeoutError(f"Timeout reading from {direct.address(conn)}")
+        else:
+            failure = redis.ConnectionError(f"Connection to {direct.address(conn)} closed")
+        self._lost(conn, failure)
+        if conn not in self._using:
+            yield from self._dropped(conn)
+
     def _dropped(self, conn: Any) -> Steps[None]:
+        if self._deadlines is not None:
+            deadline = self._deadlines.pop(conn, None)
+            if deadline is not None:
+                deadline.stop()
         try:
             yield conn.disconnect()
         finally:

@@ -211,7 +211,7 @@ def test_without_the_stream_api_the_shared_connection_uses_redis_pys_methods(
     assert not direct.has_stream_api()
     monkeypatch.setattr(direct, "STREAM_API", False)
     pool = redis.asyncio.ConnectionPool(host="127.0.0.1", port=1)
-    assert pipelining.SharedConnection(pool)._deadline is None  # redis-py's timer per read
+    assert pipelining.SharedConnection(pool)._deadlines is None  # redis-py's timer per read
 
 
 @pytest.mark.unit

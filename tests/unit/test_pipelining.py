@@ -38,9 +38,11 @@ class ScriptedTransport:
         return int(hangs or conn.failing_write is not None or not conn.is_connected)
 
     def abort(self) -> None:
-        """As asyncio's: the reader sees the end of the stream after what was already in."""
+        """As asyncio's: closing at once, the reader told in a later iteration of the loop
+        (``connection_lost`` is called soon), after what was already in."""
         self.aborted = True
-        self.conn.replies.put_nowait(redis.ConnectionError("Connection closed by server."))
+        asyncio.get_running_loop().call_soon(
+            self.conn.replies.put_nowait, redis.ConnectionError("Connection closed by server."))
 
 
 class ScriptedWriter:
@@ -712,6 +714,96 @@ async def test_a_socket_error_reaches_the_callers_as_redis_pys_connection_error(
             await call
         assert not was_unsent(call.exception())
     await answered_on(streams_pool, 1, shared)
+
+
+async def test_a_write_timing_out_ends_the_read_waiting_on_its_connection_at_once(
+        streams_pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The old connection is closed when its write fails (as redis-py's own send does): its
+    # reader ends now and gives it back, and the next connection's reads keep their own timer.
+    pool = streams_pool
+    now = frozen_clock(monkeypatch)
+    pool.socket_timeout = 5.0
+    shared = SharedConnection(pool)
+    first = caller(shared, [cmd(1)])
+    await settle()
+    old, = pool.handed
+    now[0] += 3.0
+    old.write_gate = asyncio.Event()  # the socket takes nothing more: the write waits
+    stuck = caller(shared, [cmd(2)])
+    await settle()
+    now[0] += 1.0
+    old.replies.put_nowait(1)  # the first reply; the reader now waits for the second
+    await settle()
+    assert await first == [1]
+    now[0] += 4.1  # the write has waited 5.1 s
+    await settle()
+    await settle()
+    with pytest.raises(redis.TimeoutError, match="Timeout writing"):
+        await stuck
+    assert not was_unsent(stuck.exception())  # part of it may be out: never sent again
+    assert old._writer is not None and old._writer.transport.aborted
+    assert pool.released == [old]  # its reader ended with it
+    later = caller(shared, [cmd(3)])
+    await settle()
+    new = pool.handed[1]
+    assert new.writes == [[cmd(3)]]
+    old.replies.put_nowait("the old connection's late reply")
+    now[0] += 5.1
+    await settle()
+    await settle()
+    with pytest.raises(redis.TimeoutError, match="Timeout reading"):
+        await later
+
+
+async def test_a_call_made_as_the_timer_closes_the_connection_goes_out_on_a_new_one(
+        streams_pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The timer aborts the socket; its reader hears of it a loop iteration later. A call
+    # written in between would go to a closing socket: it goes out on a new connection, and
+    # the late call fails as the timeout it is.
+    pool = streams_pool
+    now = frozen_clock(monkeypatch)
+    pool.socket_timeout = 5.0
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    late = caller(shared, [cmd(1)])
+    await settle()
+    now[0] += 5.1
+    await asyncio.sleep(0)  # the timer fires in the next iteration, after this task
+    await asyncio.sleep(0)  # it has: the socket is closing, the reader not told yet
+    assert conn._writer is not None and conn._writer.transport.aborted
+    assert not late.done()
+    made_then = shared.exchange([cmd(2)])  # made now: its writer runs before the reader
+    await settle()
+    with pytest.raises(redis.TimeoutError, match="Timeout reading"):
+        await late
+    new = pool.handed[1]
+    assert conn.writes[1:] == [[cmd(1)]] and new.writes == [[cmd(2)]]
+    new.replies.put_nowait(2)
+    assert await made_then == [2]
+    assert pool.released == [conn]
+
+
+async def test_a_timeout_relaxed_during_a_read_applies_to_that_read(
+        streams_pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # redis-py relaxes a connection's socket timeout when the server announces maintenance,
+    # which may come while a reply is awaited: the timer reads the timeout when it fires.
+    pool = streams_pool
+    now = frozen_clock(monkeypatch)
+    pool.socket_timeout = 5.0
+    shared = SharedConnection(pool)
+    conn = await opened(pool, shared)
+    now[0] += 10.0  # past the timer opened() armed: the next read arms a new one
+    await settle()
+    waiting = caller(shared, [cmd(1)])
+    await settle()
+    now[0] += 3.0
+    conn.socket_timeout = 20.0
+    now[0] += 3.0  # 6 s into the read: past 5, within 20
+    await settle()
+    await settle()
+    assert not waiting.done() and conn._writer is not None and not conn._writer.transport.aborted
+    conn.replies.put_nowait(1)
+    assert await waiting == [1]
 
 
 async def test_a_call_alone_reads_under_redis_pys_own_timeout_before_redis_py_8_1(
