@@ -595,6 +595,16 @@ async def timed_batch(pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch, calls
     return now, shared, tasks
 
 
+async def timed_idle(pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch
+                     ) -> tuple[list[float], SharedConnection, ScriptedConnection]:
+    """A shared connection open and idle (one call answered on it), with a 5 s socket timeout
+    and the loop's clock frozen: (clock, shared, its connection)."""
+    now = frozen_clock(monkeypatch)
+    pool.socket_timeout = 5.0
+    shared = SharedConnection(pool)
+    return now, shared, await opened(pool, shared)
+
+
 async def test_a_reader_given_no_reply_within_the_socket_timeout_fails_its_calls_as_lost(
         streams_pool: ScriptedPool, monkeypatch: pytest.MonkeyPatch) -> None:
     pool = streams_pool
@@ -642,10 +652,7 @@ async def test_a_call_alone_given_no_reply_within_the_socket_timeout_fails_as_lo
     # The caller's own task reads its reply: the timer closes the connection rather than
     # cancel that task (a cancellation there is its caller's own, and would reach it).
     pool = streams_pool
-    now = frozen_clock(monkeypatch)
-    pool.socket_timeout = 5.0
-    shared = SharedConnection(pool)
-    conn = await opened(pool, shared)
+    now, shared, conn = await timed_idle(pool, monkeypatch)
     cancellations: list[int] = []
 
     async def alone_call() -> list[Any]:
@@ -678,10 +685,7 @@ async def test_a_timer_that_fires_after_its_reply_came_closes_nothing(
     # One timer per connection, armed by the first read and never cancelled: when it fires
     # with no read waiting (or one started since, not yet due), the connection is kept.
     pool = streams_pool
-    now = frozen_clock(monkeypatch)
-    pool.socket_timeout = 5.0
-    shared = SharedConnection(pool)
-    conn = await opened(pool, shared)
+    now, shared, conn = await timed_idle(pool, monkeypatch)
     now[0] += 6.0  # the timer armed by opened()'s read fires: nothing is read now
     await settle()
     later = caller(shared, [cmd(1)])
@@ -761,10 +765,7 @@ async def test_a_call_made_as_the_timer_closes_the_connection_goes_out_on_a_new_
     # written in between would go to a closing socket: it goes out on a new connection, and
     # the late call fails as the timeout it is.
     pool = streams_pool
-    now = frozen_clock(monkeypatch)
-    pool.socket_timeout = 5.0
-    shared = SharedConnection(pool)
-    conn = await opened(pool, shared)
+    now, shared, conn = await timed_idle(pool, monkeypatch)
     late = caller(shared, [cmd(1)])
     await settle()
     now[0] += 5.1
@@ -788,10 +789,7 @@ async def test_a_timeout_relaxed_during_a_read_applies_to_that_read(
     # redis-py relaxes a connection's socket timeout when the server announces maintenance,
     # which may come while a reply is awaited: the timer reads the timeout when it fires.
     pool = streams_pool
-    now = frozen_clock(monkeypatch)
-    pool.socket_timeout = 5.0
-    shared = SharedConnection(pool)
-    conn = await opened(pool, shared)
+    now, shared, conn = await timed_idle(pool, monkeypatch)
     now[0] += 10.0  # past the timer opened() armed: the next read arms a new one
     await settle()
     waiting = caller(shared, [cmd(1)])
