@@ -171,11 +171,9 @@ class AsyncTransport:
         metrics.redis_error(op.operation)
 
     @staticmethod
-    async def invoke(op: Invoke) -> Any:
+    def invoke(op: Invoke) -> Any:
         result = (op.asynchronous or op.sync)(*op.args)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+        return result if inspect.isawaitable(result) else _given(result)
 
     async def spawn(self, op: Spawn) -> Spawned:
         task = asyncio.get_running_loop().create_task(
@@ -188,6 +186,11 @@ class AsyncTransport:
         spawned: Spawned = op.spawned
         spawned.stop.set()
         return spawned.task_ended()
+
+
+async def _given(value: Any) -> Any:
+    """``value`` as an awaitable (a sync callable's result, for the driver to await)."""
+    return value
 
 
 async def aexchange(source: Any, commands: Sequence[Command]) -> list[Any]:

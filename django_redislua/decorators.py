@@ -24,7 +24,6 @@ from django.http import HttpRequest, HttpResponseBase
 from django.views import View
 
 from django_redislua import request_layer
-from django_redislua.atransport import arun
 from django_redislua.limiting.decision import PolicyError
 from django_redislua.limiting.options import CountFailures
 from django_redislua.limiting.policy import Policy
@@ -32,7 +31,6 @@ from django_redislua.limiting.registry import broken_in_settings, get_policy
 from django_redislua.request_layer import (
     Rule,
     RuleOrError,
-    guarded,
     resolve_rule,
     rule_for_name,
     rule_for_policy,
@@ -193,7 +191,7 @@ def aguard(
     stack: Stack, request: HttpRequest, call: Callable[[], Awaitable[HttpResponseBase]]
 ) -> Awaitable[HttpResponseBase]:
     rules = _pending(request, [*stack.specs, *specs_of(stack.view)], stack.view_name)
-    return arun(guarded(request, rules, ratelimit, call))
+    return request_layer.aguard(request, rules, ratelimit, call)
 
 
 def _decorate_function(fn: Callable[..., Any], spec: Spec) -> Callable[..., Any]:

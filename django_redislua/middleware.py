@@ -17,10 +17,9 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, resolve
 
-from django_redislua.atransport import arun
 from django_redislua.conf import settings
 from django_redislua.limiting.decision import RateLimited
-from django_redislua.request_layer import RuleOrError, guard, guarded, rule_for_name
+from django_redislua.request_layer import RuleOrError, aguard, guard, rule_for_name
 from django_redislua.responses import denied_response
 
 
@@ -69,8 +68,8 @@ class RateLimitMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         rules = matching_rules(request)
         if self.is_async:
-            return arun(guarded(request, rules, RateLimitMiddleware,
-                                functools.partial(self.get_response, request)))
+            return aguard(request, rules, RateLimitMiddleware,
+                          functools.partial(self.get_response, request))
         return guard(request, rules, RateLimitMiddleware,
                      functools.partial(self.get_response, request))
 

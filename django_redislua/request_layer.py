@@ -51,6 +51,7 @@ from django_redislua.limiting.engine import (
     evaluation,
     metric_result,
 )
+from django_redislua.limiting.engine import adecide as adecide_check
 from django_redislua.limiting.engine import decide as decide_check
 from django_redislua.limiting.policy import Policy
 from django_redislua.limiting.refund import Refund, refunds_of
@@ -503,6 +504,42 @@ def guard(request: HttpRequest, rules: Sequence[RuleOrError], sender: Any,
     if outcome.unavailable or outcome.held or outcome.refunds or outcome.blocked:
         return run(answering(request, outcome, view))
     response = view()
+    add_headers(response, outcome.decisions, denied=response.status_code == 429)
+    return response
+
+
+async def aguard(request: HttpRequest, rules: Sequence[RuleOrError], sender: Any,
+                 view: Callable[[], Awaitable[HttpResponseBase]]) -> HttpResponseBase:
+    """:func:`guarded` on the asyncio driver, the twin of :func:`guard`: a request's single
+    check is decided by the engine's ``adecide`` (``Policy.ahit``'s path) and a view that
+    simply runs is awaited and given its headers without the protocol loop; any other case
+    (several checks, a refusal, a slot held, a refund, a denial to signal) goes through the
+    same generators as :func:`guarded`."""
+    if not rules:
+        return await view()
+    applying = _applying(request, rules)
+    if isinstance(applying, Outcome):
+        return await arun(answering(request, applying, view))
+    applied, checks = applying
+    if len(checks) != 1:
+        outcome = await arun(_deciding_checks(request, applied, checks, sender))
+        return await arun(answering(request, outcome, view))
+    decisions: Sequence[Decision | None]
+    try:
+        decisions = [await adecide_check(*checks[0])]
+    except CLIENT_ERRORS as exc:
+        undecided = _undecided(checks, exc)
+        if undecided is None:
+            return await arun(answering(request, UNAVAILABLE, view))
+        decisions = undecided
+    else:
+        report_recovery()
+    outcome = _concluded(request, applied, decisions)
+    if any(not decision.allowed for decision in outcome.made):
+        await arun(signalling(request, outcome.made, sender))
+    if outcome.unavailable or outcome.held or outcome.refunds or outcome.blocked:
+        return await arun(answering(request, outcome, view))
+    response = await view()
     add_headers(response, outcome.decisions, denied=response.status_code == 429)
     return response
 

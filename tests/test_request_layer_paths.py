@@ -155,13 +155,14 @@ def caller_modules() -> list[Path]:
 
 def test_only_the_request_layer_decides_signals_and_reports() -> None:
     """The decorator, the middleware, the DRF throttles and compat call the request layer's
-    ``deciding``; none asks the engine, sends the signal or reports a failure itself."""
+    ``deciding`` (or its drivers: ``decide``, ``guarded``, and the lean ``guard`` and
+    ``aguard``); none asks the engine, sends the signal or reports a failure itself."""
     paths = caller_modules()
     assert len(paths) >= 6
     copies = {str(p.relative_to(PACKAGE)): sorted(used_names(p) & LAYER_ONLY) for p in paths}
     assert {path: names for path, names in copies.items() if names} == {}
     users = {str(p.relative_to(PACKAGE)) for p in paths
-             if {"deciding", "decide", "guarded"} & used_names(p)}
+             if {"deciding", "decide", "guarded", "guard", "aguard"} & used_names(p)}
     assert {"decorators.py", "middleware.py", "drf.py", "compat/core.py"} <= users
 
 
