@@ -184,6 +184,12 @@ class Outcome(NamedTuple):
         pairs = zip(self.rules, self.decisions, strict=True)
         return any(not decision.allowed and rule.block for rule, decision in pairs)
 
+    @property
+    def plain(self) -> bool:
+        """The view simply runs: nothing refused, no slot to give back, no hit to refund (the
+        lean drivers, :func:`guard` and :func:`aguard`, then need no protocol)."""
+        return not (self.unavailable or self.held or self.refunds or self.blocked)
+
 
 UNAVAILABLE = Outcome((), (), unavailable=True)
 NOTHING = Outcome((), ())  # REDISLUA["ENABLED"] is False: nothing decided, nothing recorded
@@ -434,21 +440,32 @@ def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any, *,
     applied, checks = applying
     if len(checks) != 1:
         return run(_deciding_checks(request, applied, checks, sender, now_us=now_us))
-    decisions: Sequence[Decision | None]
+    made: Decision | BaseException
     try:
-        decisions = [decide_check(*checks[0], now_us=now_us)]
+        made = decide_check(*checks[0], now_us=now_us)
     except CLIENT_ERRORS as exc:
-        undecided = _undecided(checks, exc)
+        made = exc
+    outcome = _single_concluded(request, applied, checks, made)
+    # signalling sends for denials only: an allowed request (the hot path) skips its protocol.
+    if any(not decision.allowed for decision in outcome.made):
+        run(signalling(request, outcome.made, sender))
+    return outcome
+
+
+def _single_concluded(request: HttpRequest, applied: Sequence[Rule], checks: Sequence[Check],
+                      made: Decision | BaseException) -> Outcome:
+    """The Outcome of a request's single check, decided (``made``) or failed (Redis's error):
+    :func:`_deciding_checks`'s own steps around it, for the lean drivers."""
+    decisions: Sequence[Decision | None]
+    if isinstance(made, BaseException):
+        undecided = _undecided(checks, made)
         if undecided is None:
             return UNAVAILABLE
         decisions = undecided
     else:
         report_recovery()
-    outcome = _concluded(request, applied, decisions)
-    # signalling sends for denials only: an allowed request (the hot path) skips its protocol.
-    if any(not decision.allowed for decision in outcome.made):
-        run(signalling(request, outcome.made, sender))
-    return outcome
+        decisions = [made]
+    return _concluded(request, applied, decisions)
 
 
 def adecide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any, *,
@@ -501,7 +518,7 @@ def guard(request: HttpRequest, rules: Sequence[RuleOrError], sender: Any,
     if not rules:
         return view()
     outcome = decide(request, rules, sender)
-    if outcome.unavailable or outcome.held or outcome.refunds or outcome.blocked:
+    if not outcome.plain:
         return run(answering(request, outcome, view))
     response = view()
     add_headers(response, outcome.decisions, denied=response.status_code == 429)
@@ -524,20 +541,15 @@ async def aguard(request: HttpRequest, rules: Sequence[RuleOrError], sender: Any
     if len(checks) != 1:
         outcome = await arun(_deciding_checks(request, applied, checks, sender))
         return await arun(answering(request, outcome, view))
-    decisions: Sequence[Decision | None]
+    made: Decision | BaseException
     try:
-        decisions = [await adecide_check(*checks[0])]
+        made = await adecide_check(*checks[0])
     except CLIENT_ERRORS as exc:
-        undecided = _undecided(checks, exc)
-        if undecided is None:
-            return await arun(answering(request, UNAVAILABLE, view))
-        decisions = undecided
-    else:
-        report_recovery()
-    outcome = _concluded(request, applied, decisions)
+        made = exc
+    outcome = _single_concluded(request, applied, checks, made)
     if any(not decision.allowed for decision in outcome.made):
         await arun(signalling(request, outcome.made, sender))
-    if outcome.unavailable or outcome.held or outcome.refunds or outcome.blocked:
+    if not outcome.plain:
         return await arun(answering(request, outcome, view))
     response = await view()
     add_headers(response, outcome.decisions, denied=response.status_code == 429)
