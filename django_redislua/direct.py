@@ -82,18 +82,11 @@ def closing(conn: Any) -> bool:
 def reply(conn: Any) -> Awaitable[Any]:
     """The next reply on ``conn``: an awaitable giving it, an error reply as redis-py's
     exception for it (returned, not raised), a socket's failure raised as is
-    (:func:`failure`); no timer (the caller keeps the socket timeout). Cancelled, it leaves
-    the connection as it was: the parser keeps what it had taken in."""
+    (:meth:`Deadline.failure` says what it means); no timer (the caller keeps the socket
+    timeout). Cancelled, it leaves the connection as it was: the parser keeps what it had
+    taken in."""
     read: Awaitable[Any] = conn._read_response_from_parser()
     return read
-
-
-def failure(conn: Any, exc: BaseException) -> BaseException:
-    """What a failed read means, as redis-py's ``read_response`` says it: a socket's error
-    (``OSError``) as its ``ConnectionError``."""
-    if isinstance(exc, OSError):
-        return redis.ConnectionError(f"Error while reading from {address(conn)} : {exc.args}")
-    return exc
 
 
 class Deadline:
@@ -103,7 +96,7 @@ class Deadline:
     timer fires: redis-py relaxes it during a server's maintenance, also mid-read), watched by
     one timer that is re-armed only when it fires early (a reply came in the meantime), never
     per reply. Expired, it aborts the connection's transport: the read fails, and its reader
-    reports a timeout (:meth:`timed_out`). Nothing is cancelled: the reader may be the task of
+    reports a timeout (:meth:`failure`). Nothing is cancelled: the reader may be the task of
     a call alone, whose cancellation is its caller's own. One per connection (a connection
     dropped after a failure may still be read while its successor is)."""
 
@@ -141,11 +134,18 @@ class Deadline:
             self.expired = writer.transport
             writer.transport.abort()
 
-    def timed_out(self) -> bool:
-        """Whether a read failed because the timer aborted it (not on a connection opened
-        again since: its transport is another)."""
+    def failure(self, exc: BaseException) -> BaseException:
+        """What a failed read of its connection means, as redis-py's ``read_response`` says
+        it: a timeout when the timer aborted the socket (not a connection opened again since:
+        its transport is another), a socket's error (``OSError``) as its ``ConnectionError``,
+        anything else as it is."""
         writer = self.conn._writer
-        return writer is not None and writer.transport is self.expired
+        if writer is not None and writer.transport is self.expired:
+            return redis.TimeoutError(f"Timeout reading from {address(self.conn)}")
+        if isinstance(exc, OSError):
+            return redis.ConnectionError(
+                f"Error while reading from {address(self.conn)} : {exc.args}")
+        return exc
 
     def stop(self) -> None:
         """Its connection is given back: no timer left behind."""

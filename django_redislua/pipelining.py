@@ -426,11 +426,8 @@ class SharedConnection:
                     if own is not None and isinstance(exc, asyncio.CancelledError):
                         own.future.cancel()  # its reply is read and dropped, by a reader task
                         raise
-                    if deadline is not None and deadline.timed_out():
-                        # No reply within the socket timeout: what redis-py's own timer says.
-                        exc = redis.TimeoutError(f"Timeout reading from {direct.address(conn)}")
-                    elif deadline is not None:
-                        exc = direct.failure(conn, exc)
+                    if deadline is not None:  # a timeout if its timer closed the socket
+                        exc = deadline.failure(exc)
                     # A failed read, or a reader task cancelled (its loop closing): whatever
                     # is in flight on the connection is lost with it.
                     self._lost(conn, exc)
@@ -514,11 +511,11 @@ class SharedConnection:
     def _abandoned(self, conn: Any) -> Steps[None]:
         """``conn``'s transport is closing: the calls in flight on it fail (a timeout, if its
         timer closed it), and it is given back unless a task still reads it (that one does)."""
-        deadline = self._deadline_of(conn)
-        if deadline is not None and deadline.timed_out():
-            failure: Exception = redis.TimeoutError(f"Timeout reading from {direct.address(conn)}")
-        else:
-            failure = redis.ConnectionError(f"Connection to {direct.address(conn)} closed")
+        failure: BaseException = redis.ConnectionError(
+            f"Connection to {direct.address(conn)} closed")
+        deadline = self._deadlines.get(conn) if self._deadlines is not None else None
+        if deadline is not None:
+            failure = deadline.failure(failure)  # a timeout if its timer closed it
         self._lost(conn, failure)
         if conn not in self._using:
             yield from self._dropped(conn)

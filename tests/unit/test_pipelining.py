@@ -202,7 +202,12 @@ async def settle() -> None:
 def pool(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ScriptedPool:
     """Connections as redis-py 8.1's (the stream and parser used directly), and as older
     versions' (their public send and read methods): every test runs on both."""
-    streams = request.param == "streams"
+    return scripted(monkeypatch, streams=request.param == "streams")
+
+
+def scripted(monkeypatch: pytest.MonkeyPatch, streams: bool) -> ScriptedPool:
+    """A scripted pool whose connections have redis-py 8.1's stream API (``streams``) or only
+    the older public methods, the shared connection told which (``direct.STREAM_API``)."""
     monkeypatch.setattr(pipelining.lean, "packer", lambda pool: None)
     monkeypatch.setattr(direct, "STREAM_API", streams)
     return ScriptedPool(streams)
@@ -570,9 +575,7 @@ async def test_a_reader_cancelled_as_its_loop_closes_drops_the_connection(
 @pytest.fixture
 def streams_pool(monkeypatch: pytest.MonkeyPatch) -> ScriptedPool:
     """Connections as redis-py 8.1's only: the shared connection's own timer keeps the timeout."""
-    monkeypatch.setattr(pipelining.lean, "packer", lambda pool: None)
-    monkeypatch.setattr(direct, "STREAM_API", True)
-    return ScriptedPool(True)
+    return scripted(monkeypatch, streams=True)
 
 
 def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
@@ -806,9 +809,7 @@ async def test_a_timeout_relaxed_during_a_read_applies_to_that_read(
 
 async def test_a_call_alone_reads_under_redis_pys_own_timeout_before_redis_py_8_1(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipelining.lean, "packer", lambda pool: None)
-    monkeypatch.setattr(direct, "STREAM_API", False)
-    pool = ScriptedPool(False)
+    pool = scripted(monkeypatch, streams=False)
     pool.socket_timeout = 5.0
     shared = SharedConnection(pool)
     conn = await opened(pool, shared)
@@ -821,9 +822,7 @@ async def test_a_call_alone_reads_under_redis_pys_own_timeout_before_redis_py_8_
 
 async def test_before_redis_py_8_1_every_reply_is_read_under_redis_pys_own_timer(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipelining.lean, "packer", lambda pool: None)
-    monkeypatch.setattr(direct, "STREAM_API", False)
-    pool = ScriptedPool(False)
+    pool = scripted(monkeypatch, streams=False)
     pool.socket_timeout = 5.0
     shared = SharedConnection(pool)
     calls = [caller(shared, [cmd(n)]) for n in range(2)]
