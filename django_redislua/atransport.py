@@ -42,6 +42,7 @@ from django_redislua.exchange import (
     first_error,
     flatten,
     flatten_replies,
+    open_failure,
     regroup,
     unsupported,
 )
@@ -201,8 +202,10 @@ async def aexchange(source: Any, commands: Sequence[Command]) -> list[Any]:
     try:
         conn = await source.take()
     except OPEN_ERRORS as exc:
-        unsent(exc)
-        raise
+        failure = open_failure(exc)
+        if failure is exc:
+            raise
+        raise failure from exc
     try:
         await conn.send_packed_command(source.pack(conn, commands))
         replies: list[Any] = []

@@ -121,8 +121,15 @@ class PoolSource:
         self.give = pool.release
 
     @staticmethod
-    def send_one(conn: Connection, command: Command) -> None:
-        conn.send_command(*command)
+    def write(conn: Connection, commands: Sequence[Command]) -> None:
+        if len(commands) == 1:
+            conn.send_command(*commands[0])
+        else:
+            conn.send_packed_command(conn.pack_commands(commands))
+
+    @staticmethod
+    def read_one(conn: Connection) -> Any:
+        return conn.read_response()
 
     def close(self) -> None:
         """Nothing is kept between exchanges."""
@@ -135,21 +142,29 @@ def opened(source: Any) -> Connection:
     try:
         return source.take()
     except OPEN_ERRORS as exc:
-        unsent(exc)
-        raise
+        failure = open_failure(exc)
+        if failure is exc:
+            raise
+        raise failure from exc
     except TORN_DOWN as exc:
         if not closed_under_us(exc):
             raise
         raise unsent(torn_down(exc)) from exc
 
 
+def open_failure(exc: BaseException) -> BaseException:
+    """A failure to open a connection (one of OPEN_ERRORS) marked as sending nothing: redis-py's
+    errors as they are; a socket's own OSError, which the mark cannot hold (a built-in
+    exception has no weak reference), as redis-py's ConnectionError."""
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return unsent(exc)
+    return unsent(redis.ConnectionError(f"Error while opening a connection: {exc}"))
+
+
 def written(source: Any, conn: Connection, commands: Sequence[Command]) -> None:
     """``commands`` sent on ``conn`` in one write, once; a failure closes the connection."""
     try:
-        if len(commands) == 1:
-            source.send_one(conn, commands[0])
-        else:
-            conn.send_packed_command(conn.pack_commands(commands))
+        source.write(conn, commands)
     except BaseException as exc:
         conn.disconnect()
         if isinstance(exc, TORN_DOWN) and closed_under_us(exc):
@@ -157,14 +172,14 @@ def written(source: Any, conn: Connection, commands: Sequence[Command]) -> None:
         raise
 
 
-def read(conn: Connection, count: int) -> list[Any]:
+def read(source: Any, conn: Connection, count: int) -> list[Any]:
     """``count`` replies, an error reply as its exception. Any other failure closes the
     connection: a reply left unread on it must never answer a later call."""
     replies: list[Any] = []
     try:
         for _ in range(count):
             try:
-                replies.append(conn.read_response())  # closes the connection on a failure
+                replies.append(source.read_one(conn))
             except ResponseError as error:
                 replies.append(error)
     except BaseException as exc:

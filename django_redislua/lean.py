@@ -43,8 +43,10 @@ import redis.asyncio.connection
 import redis.connection
 import redis.utils
 
+from django_redislua import sockets
 from django_redislua.conf import settings
 from django_redislua.connection import TORN_DOWN, checkout
+from django_redislua.exchange import PoolSource
 
 hiredis_pack: Any
 try:  # redis-py packs with hiredis too, when installed, after encoding each argument in Python
@@ -152,17 +154,28 @@ def packed(pack: Any, args: Command) -> bytes | None:
     return packed
 
 
-def _give_back(pool: Any, idle: list[Connection], kept: set[Connection]) -> None:
+def _give_back(pool: Any, idle: list[Connection], kept: set[Connection],
+               direct: dict[Connection, sockets.Direct]) -> None:
     """Return every idle kept connection to ``pool`` (a sync pool's ``release``)."""
     while idle:
         conn = idle.pop()
         kept.discard(conn)
+        _restored(conn, direct)
         pool.release(conn)
+
+
+def _restored(conn: Connection, direct: dict[Connection, sockets.Direct]) -> None:
+    """A connection leaving the kept ones as redis-py set it up (its socket's Python
+    timeout)."""
+    state = direct.pop(conn, None)
+    if state is not None:
+        state.restore(conn)
 
 
 class KeptConnections:
     """A sync server's connections for the lean transport: ``take`` one, send on it, ``give``
-    it back. Thread-safe; see the module docstring."""
+    it back. Thread-safe; see the module docstring. A kept connection's exchanges are made on
+    its socket directly where :mod:`django_redislua.sockets` applies."""
 
     def __init__(self, pool: redis.ConnectionPool) -> None:
         self.pool = pool
@@ -176,9 +189,11 @@ class KeptConnections:
         self._pid = os.getpid()
         self._idle: list[Connection] = []  # list.pop/append are atomic: no lock on the hot path
         self._kept: set[Connection] = set()
+        self._direct: dict[Connection, sockets.Direct] = {}  # kept ones driven by sockets.py
         self._lock = threading.Lock()
         # Collected without close(): the kept connections still go back to the pool.
-        self._finalizer = weakref.finalize(self, _give_back, self.pool, self._idle, self._kept)
+        self._finalizer = weakref.finalize(self, _give_back, self.pool, self._idle, self._kept,
+                                           self._direct)
 
     def take(self) -> Connection:
         if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours
@@ -189,9 +204,16 @@ class KeptConnections:
         except IndexError:
             conn = self._checkout()  # connected and checked by the pool
             with self._lock:
-                if len(self._kept) < self._keep and not self._closed:
+                kept = len(self._kept) < self._keep and not self._closed
+                if kept:
                     self._kept.add(conn)
+            if kept:
+                self._taken_over(conn, None, None)
             return conn
+        state = self._direct.get(conn)
+        if state is not None and state.vouches(conn):
+            return conn
+        marked = sockets.mark(conn)
         try:
             # The pool's check before a kept connection is used again: data waiting (a push
             # message, a reply nobody read) or a socket the server closed means a reconnect.
@@ -205,7 +227,16 @@ class KeptConnections:
             except BaseException:
                 self._idle.append(conn)
                 raise
+        self._taken_over(conn, state, marked)
         return conn
+
+    def _taken_over(self, conn: Connection, previous: sockets.Direct | None,
+                    marked: tuple[Any, int] | None) -> None:
+        state = sockets.direct_state(conn, previous, marked) if sockets.SOCKET_API else None
+        if state is None:
+            self._direct.pop(conn, None)
+        else:
+            self._direct[conn] = state
 
     def give(self, conn: Connection) -> None:
         if conn in self._kept and not self._closed:
@@ -213,21 +244,29 @@ class KeptConnections:
             return
         with self._lock:
             self._kept.discard(conn)
+        _restored(conn, self._direct)
         self.pool.release(conn)
 
-    def send_one(self, conn: Connection, command: Command) -> None:
-        data = packed(self._pack, command)
-        if data is None:
-            conn.send_command(*command)
-        else:
+    def write(self, conn: Connection, commands: Sequence[Command]) -> None:
+        data = packed(self._pack, commands[0]) if len(commands) == 1 else None
+        state = self._direct.get(conn)
+        if state is not None:
+            state.send((data,) if data is not None else conn.pack_commands(commands))
+        elif data is not None:
             conn.send_packed_command([data])
+        else:
+            PoolSource.write(conn, commands)
+
+    def read_one(self, conn: Connection) -> Any:
+        state = self._direct.get(conn)
+        return conn.read_response() if state is None else state.reply()
 
     def close(self) -> None:
         """Give every kept connection back to the pool (one in use goes back when its call
         ends); connections taken after this are borrowed per call."""
         self._closed = True
         with self._lock:
-            _give_back(self.pool, self._idle, self._kept)
+            _give_back(self.pool, self._idle, self._kept, self._direct)
 
 
 class AsyncKeptConnections:

@@ -304,7 +304,7 @@ class ServerTransport(Transport):
         conn = opened(source)
         try:
             written(source, conn, commands)
-            return regroup(op, read(conn, len(commands)))
+            return regroup(op, read(source, conn, len(commands)))
         finally:
             source.give(conn)
 
@@ -314,7 +314,7 @@ class ServerTransport(Transport):
         conn = opened(source)
         try:
             written(source, conn, (command,))
-            return read(conn, 1)[0]
+            return read(source, conn, 1)[0]
         finally:
             source.give(conn)
 
@@ -388,8 +388,8 @@ class ClusterTransport(Transport):
             for (source, conn), (_source, commands, _members) in zip(taken, plan, strict=True):
                 written(source, conn, commands)
             replies: Replies = [[] for _ in op.groups]
-            for (_source, conn), (_s, commands, members) in zip(taken, plan, strict=True):
-                flat, start = read(conn, len(commands)), 0
+            for (source, conn), (_s, commands, members) in zip(taken, plan, strict=True):
+                flat, start = read(source, conn, len(commands)), 0
                 settled += 1
                 for n in members:
                     replies[n] = flat[start:start + len(op.groups[n][1])]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
+import sys
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
@@ -39,6 +41,7 @@ from django_redislua import (
     metrics,
     pipelining,
     responses,
+    sockets,
     transport,
 )
 from django_redislua.limiting import Policy
@@ -72,6 +75,10 @@ ROWS: dict[str, tuple[Callable[[], Any], Callable[[], bool]]] = {
         (pipelining.has_connection_api, lambda: True),
     "`Connection._writer`, `Connection._read_response_from_parser()` (asyncio)":
         (direct.has_stream_api, lambda: lean._version(redis.__version__) >= (8, 1)),
+    "`Connection._sock`, `Connection._host_error()`, the parser `_HiredisParser` (`_reader`, "
+    "`_buffer`, `_hiredis_PushNotificationType`, `handle_push_response`, `on_connect`) and "
+    "`NOT_ENOUGH_DATA` of `redis._parsers.hiredis` (sync); Linux's `TCP_INFO`":
+        (sockets.has_socket_api, lambda: needs_lean() and sys.platform == "linux"),
     "`ClusterNode.acquire_connection`, `ClusterNode.release` (asyncio)":
         (pipelining.has_node_release, lambda: lean._version(redis.__version__) >= (6, 4)),
     "`caches[alias]._cache.get_client(write=True)`": (connection.has_django_cache_client,
@@ -212,6 +219,25 @@ def test_without_the_stream_api_the_shared_connection_uses_redis_pys_methods(
     monkeypatch.setattr(direct, "STREAM_API", False)
     pool = redis.asyncio.ConnectionPool(host="127.0.0.1", port=1)
     assert pipelining.SharedConnection(pool)._deadlines is None  # redis-py's timer per read
+
+
+@pytest.mark.unit
+def test_without_the_socket_api_kept_connections_use_redis_pys_methods(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # tests/test_lean_path.py runs every sync test this way too (the path "lean-methods").
+    monkeypatch.delattr(redis._parsers.hiredis, "NOT_ENOUGH_DATA")
+    monkeypatch.setattr(sockets, "NOT_ENOUGH_DATA", None)
+    assert not sockets.has_socket_api()
+    monkeypatch.setattr(sockets, "SOCKET_API", False)
+    conn = redis.connection.Connection()
+    conn._sock = socket.socket()
+    try:
+        assert sockets.mark(conn) is None
+        kept = lean.KeptConnections(redis.ConnectionPool(host="127.0.0.1", port=1))
+        kept._taken_over(conn, None, None)
+        assert conn not in kept._direct
+    finally:
+        conn._sock.close()
 
 
 @pytest.mark.unit

@@ -6,6 +6,8 @@ timeout exactly like the normal path. Each test gets its own server (restarted, 
 flushed without disturbing the shared one) and is run on both paths where that means anything:
 
 - ``lean``: the app's default client from a URL, which lean.py takes (asserted, not assumed);
+- ``lean-methods``: the same, its kept connections driven through redis-py's connection
+  methods rather than on their sockets directly (``sockets.SOCKET_API`` off);
 - ``ordinary``: the same URL with ``REDISLUA["LEAN_CALLS"] = False``, the reference transport:
   the same protocol (RESP3, redis-py 8.1's default), handshake and pool; the path is the only
   difference.
@@ -23,7 +25,10 @@ import gc
 import json
 import logging
 import os
+import select
 import signal
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -36,7 +41,7 @@ import redis.asyncio
 from django.conf import settings
 from django.test import Client, override_settings
 
-from django_redislua import atransport, lean, transport
+from django_redislua import atransport, lean, sockets, transport
 from django_redislua.atransport import get_async_transport
 from django_redislua.checks import check_settings
 from django_redislua.connection import get_async_client, get_client
@@ -46,7 +51,10 @@ from django_redislua.transport import get_transport
 
 TIMEOUT = 0.3  # SOCKET_TIMEOUT and SOCKET_CONNECT_TIMEOUT under test
 LEAN, ORDINARY, PIPELINED = "lean", "ordinary", "pipelined"
-PATHS = [LEAN, ORDINARY]
+# The lean transport through redis-py's connection methods, as where django_redislua/sockets.py
+# does not apply (a unix socket, TLS, no hiredis, another OS): the sync paths run it too.
+LEAN_METHODS = "lean-methods"
+PATHS = [LEAN, LEAN_METHODS, ORDINARY]
 # asyncio: also the shared connection of automatic pipelining (django_redislua/pipelining.py),
 # over the lean transport; ``lean`` and ``ordinary`` run with PIPELINING off.
 ASYNC_PATHS = [LEAN, ORDINARY, PIPELINED]
@@ -69,6 +77,14 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
         yield srv
 
 
+@pytest.fixture(autouse=True)
+def socket_api(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lean-methods``: the kept connections are not driven on their sockets."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("path") == LEAN_METHODS:
+        monkeypatch.setattr(sockets, "SOCKET_API", False)
+
+
 @pytest.fixture
 def control(server: RedisServer) -> Iterator[redis.Redis]:
     client = server.client(decode_responses=True)
@@ -80,7 +96,7 @@ def redislua(server: RedisServer, path: str, **extra: Any) -> dict[str, Any]:
     options = dict(extra.pop("CONNECTION_OPTIONS", {}))
     return {
         "CONNECTION": server.url,
-        "LEAN_CALLS": path in (LEAN, PIPELINED),
+        "LEAN_CALLS": path != ORDINARY,
         "PIPELINING": path == PIPELINED,
         "SOCKET_TIMEOUT": TIMEOUT,
         "SOCKET_CONNECT_TIMEOUT": TIMEOUT,
@@ -95,7 +111,7 @@ def on(server: RedisServer, path: str, **extra: Any) -> override_settings:
 
 def lean_or_skip(path: str) -> None:
     """The lean transport is used on the redis-py versions the suite proves it on only."""
-    if path == LEAN and not lean.SUPPORTED:
+    if path in (LEAN, LEAN_METHODS) and not lean.SUPPORTED:
         pytest.skip(f"the lean transport is used on redis-py {lean.LEAN_SINCE} and newer only "
                     f"(this is {redis.__version__}; the reference transport runs instead)")
 
@@ -112,7 +128,7 @@ def channel(path: str) -> lean.KeptConnections | None:
 
 def lean_path(path: str) -> bool:
     """Whether ``path`` keeps connections (pipelining's other calls do where lean can)."""
-    return path == LEAN or (path == PIPELINED and lean.SUPPORTED)
+    return path in (LEAN, LEAN_METHODS) or (path == PIPELINED and lean.SUPPORTED)
 
 
 def achannel(path: str) -> lean.AsyncKeptConnections | None:
@@ -142,7 +158,7 @@ def lean_call(found: Any, *args: Any) -> Any:
     conn = transport.opened(found)
     try:
         transport.written(found, conn, (args,))
-        reply = transport.read(conn, 1)[0]
+        reply = transport.read(found, conn, 1)[0]
     finally:
         found.give(conn)
     if isinstance(reply, Exception):
@@ -179,6 +195,8 @@ def pool_state(pool: Any, found: lean.KeptConnections | lean.AsyncKeptConnection
     if found is not None:
         assert found._kept == set(idle)
         assert len(found._kept) <= max(1, pool.max_connections // 2)
+    if isinstance(found, lean.KeptConnections):  # each kept one on its socket, where it can be
+        assert set(found._direct) == (found._kept if sockets.SOCKET_API else set())
 
 
 def recorded(server: RedisServer) -> CommandRecorder:
@@ -343,9 +361,7 @@ EVENTS = {"restart": ["EVALSHA", "SCRIPT", "EVALSHA"], "killed": ["EVALSHA"]}
 
 
 @pytest.mark.parametrize("event", list(EVENTS))
-@pytest.mark.parametrize(
-    "path", [LEAN, ORDINARY]
-)
+@pytest.mark.parametrize("path", PATHS)
 def test_server_closed_connection_is_replaced(
     server: RedisServer, control: redis.Redis, path: str, event: str
 ) -> None:
@@ -455,6 +471,73 @@ async def test_async_flushed_scripts_are_loaded_once(
         apool_state(found)
 
 
+@pytest.mark.parametrize("path", [LEAN, LEAN_METHODS])
+def test_a_reply_nobody_read_is_never_an_answer(
+    server: RedisServer, path: str
+) -> None:
+    """A reply waiting on a kept connection (a call abandoned without closing it: none of ours
+    does) is found before the next call's send, which goes out on a new connection."""
+    with on(server, path):
+        limited = policy()
+        found = channel(path)
+        assert limited.hit("a").remaining == 99
+        (conn,) = found._idle  # type: ignore[union-attr]
+        stale = conn._sock
+        stale.sendall(b"*1\r\n$4\r\nPING\r\n")  # its +PONG is never read
+        assert select.select([stale], [], [], 5)[0]  # it has landed
+        with recorded(server) as rec:
+            assert limited.hit("a").remaining == 98
+        assert calls(rec) == ["EVALSHA"]
+        assert conn._sock is not stale
+        pool_state(get_client().connection_pool, found)
+
+
+def test_kept_connections_make_no_poll(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Driven on their sockets, kept connections are checked without redis-py's ``can_read``
+    (a poll) and their sockets block with the timeout kept by the kernel (CPython polls before
+    every send and receive on a socket with a Python timeout)."""
+    if not sockets.SOCKET_API:
+        pytest.skip("Linux TCP_INFO and hiredis only")
+    with on(server, LEAN):
+        limited = policy("1000/m")
+        found = channel(LEAN)
+        assert limited.hit("a").allowed
+
+        def polled(*args: Any) -> Any:
+            raise AssertionError("polled")
+
+        monkeypatch.setattr(select, "poll", polled)
+        monkeypatch.setattr(redis.connection.Connection, "can_read", polled)
+        for n in range(50):
+            assert limited.hit("a").remaining == 998 - n
+        monkeypatch.undo()
+        assert found is not None and found._kept
+        for conn in found._kept:
+            assert conn._sock.gettimeout() is None
+            timeval = conn._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)
+            assert struct.unpack("@ll", timeval) == (0, round(TIMEOUT * 1_000_000))
+        pool_state(get_client().connection_pool, found)
+
+
+def test_connections_given_back_time_out_as_redis_pys(server: RedisServer) -> None:
+    """Kept connections given back to the pool (the transport closed, as when settings change)
+    get their Python timeout back: redis-py's own calls on them time out as
+    ``redis.TimeoutError``, not as a failed read."""
+    with on(server, LEAN):
+        limited = policy()
+        found = channel(LEAN)
+        assert limited.hit("a").allowed
+        kept = set(found._kept)  # type: ignore[union-attr]
+        get_transport().close()
+        for conn in kept:
+            assert conn._sock.gettimeout() == TIMEOUT
+        # the pool lends them to redis-py's own client now
+        with paused(server), pytest.raises(redis.TimeoutError):
+            get_client().execute_command("PING")
+
+
 # -- 5. timeouts ---------------------------------------------------------------------------------
 
 
@@ -479,7 +562,7 @@ def test_timeout_then_recovery(server: RedisServer, path: str) -> None:
         pool_state(get_client().connection_pool, found)
 
 
-@pytest.mark.parametrize("path", [LEAN, ORDINARY])
+@pytest.mark.parametrize("path", PATHS)
 def test_timeouts_while_reconnecting_leak_nothing(
     server: RedisServer, path: str
 ) -> None:
@@ -583,9 +666,7 @@ def test_forked_child_uses_its_own_connection(server: RedisServer) -> None:
 # -- 8. pool limits ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "path", [LEAN, ORDINARY]
-)
+@pytest.mark.parametrize("path", PATHS)
 def test_pool_of_one_connection(server: RedisServer, path: str) -> None:
     with on(server, path, CONNECTION_OPTIONS={"max_connections": 1}):
         limited = policy()
@@ -632,7 +713,7 @@ def test_pool_limit_under_concurrency(
     if pool == "blocking":
         options = {"pool_class": "redis.BlockingConnectionPool", "max_connections": 4,
                    "timeout": 10, "socket_timeout": 2}
-        config = override_settings(REDISLUA={"CONNECTION": "dj", "LEAN_CALLS": path == LEAN},
+        config = override_settings(REDISLUA={"CONNECTION": "dj", "LEAN_CALLS": path != ORDINARY},
                                    CACHES=caches(server, dj=options))
     else:
         config = on(server, path, SOCKET_TIMEOUT=2, CONNECTION_OPTIONS={"max_connections": 4})

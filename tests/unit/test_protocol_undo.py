@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_redislua import protocol
+from django_redislua import exchange, protocol
 from django_redislua.connection import TornDown
 from django_redislua.drivers import drive
 from django_redislua.protocol import (
@@ -138,3 +138,21 @@ def test_a_failure_is_unsent_only_once_marked_so() -> None:
     assert not protocol.was_unsent(failure)
     assert protocol.unsent(failure) is failure
     assert protocol.was_unsent(failure)
+
+
+@pytest.mark.parametrize("failure", [
+    redis.ConnectionError("refused"), redis.TimeoutError("handshake"),
+    OSError(9, "Bad file descriptor")])
+def test_a_connection_that_cannot_be_taken_sent_nothing(failure: BaseException) -> None:
+    """Whatever taking a connection raises is marked as sending nothing (so a cluster may send
+    the call elsewhere, FAIL_OPEN decides): redis-py's errors as they are, a socket's own
+    OSError (which the mark cannot hold) as redis-py's ConnectionError."""
+
+    class Failing:
+        def take(self) -> Any:
+            raise failure
+
+    with pytest.raises((redis.ConnectionError, redis.TimeoutError)) as raised:
+        exchange.opened(Failing())
+    assert protocol.was_unsent(raised.value)
+    assert raised.value is failure or raised.value.__cause__ is failure

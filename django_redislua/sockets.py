@@ -1,0 +1,229 @@
+"""A kept sync connection's exchanges made on its socket directly, with two system calls that let
+go of the interpreter lock per call (its send and its receive) instead of five.
+
+redis-py keeps a sync connection's socket timeout in Python (``settimeout``), so CPython polls
+before every send and every receive, and the check before a kept connection is used again (the
+pool's ``can_read``) polls once more. Each of those system calls releases the interpreter lock,
+and with threads waiting for it each release wakes one: 16 threads of a bare socket ``INCR``
+ran 1.7x as many calls a second without the three polls (docs/benchmarks.md, "Threads: the
+socket's system calls"). So, for a connection :class:`lean.KeptConnections` keeps:
+
+- its socket is blocking, the same timeout kept by the kernel (``SO_RCVTIMEO``,
+  ``SO_SNDTIMEO``): a reply or a write later than it fails as redis-py's do
+  (``redis.TimeoutError``, the connection closed);
+- the check before each use reads ``TCP_INFO`` (``getsockopt`` keeps the lock): the connection
+  still ``ESTABLISHED``, and nothing received beyond what was read here (the kernel's
+  ``tcpi_bytes_received`` against a count of the bytes read, from a baseline taken when the
+  socket was last checked redis-py's way). Anything else (a socket the server closed, a reply
+  nobody read, a push message, a new socket, a timeout redis-py set again) sends the connection
+  through redis-py's own check, then a new baseline;
+- a reply is parsed by the connection's own hiredis reader, with redis-py's error classes and
+  its handling of push messages.
+
+What stays redis-py's: connecting (auth, ``HELLO``, ``SELECT``), its check whenever this one
+cannot vouch, disconnecting, and every connection it owns; a kept connection given back to the
+pool gets its Python timeout back. Only where :func:`direct_state` finds what this needs: Linux's
+``TCP_INFO`` with ``tcpi_bytes_received`` (4.1+), the standard library's own socket class
+(neither TLS nor gevent's), TCP, redis-py's hiredis parser, no ``health_check_interval``
+(redis-py pings before a send then); elsewhere the kept connection takes redis-py's methods.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import sys
+from typing import Any
+
+import redis
+import redis.connection
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+hiredis_parsers: Any
+try:  # redis-py's hiredis parser, and what its reader returns for an incomplete reply
+    import redis._parsers.hiredis as hiredis_parsers
+except ImportError:  # pragma: no cover - a redis-py whose parsers live elsewhere
+    hiredis_parsers = None
+_HiredisParser = getattr(hiredis_parsers, "_HiredisParser", None)
+NOT_ENOUGH_DATA = getattr(hiredis_parsers, "NOT_ENOUGH_DATA", None)
+
+Connection = Any  # redis-py's sync connection: its socket and parser are untyped internals
+
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+_ESTABLISHED = 1  # tcp_info.tcpi_state
+_INFO_LENGTH = 136  # through tcpi_bytes_received, a u64 at offset 128 (Linux 4.1)
+_RECEIVED = struct.Struct("=Q")
+_TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
+# redis-py's message for a socket the server closed (its parsers' SERVER_CLOSED_CONNECTION_ERROR)
+SERVER_CLOSED = "Connection closed by server."
+
+
+def has_socket_api() -> bool:
+    """Feature test (docs/versions.md, "Other packages' internals"): Linux's ``TCP_INFO``, a
+    redis-py sync connection's socket (``_sock``) and address (``_host_error``), and its hiredis
+    parser (``_buffer``, ``_hiredis_PushNotificationType``, ``handle_push_response``, and the
+    reader ``on_connect`` makes, returning ``NOT_ENOUGH_DATA`` for an incomplete reply), hiredis
+    installed."""
+    if (sys.platform != "linux" or _TCP_INFO is None or _HiredisParser is None
+            or NOT_ENOUGH_DATA is None):
+        return False
+    try:
+        parser = _HiredisParser(1024)
+    except redis.RedisError:  # hiredis is not installed
+        return False
+    return (hasattr(parser, "_buffer") and hasattr(parser, "_hiredis_PushNotificationType")
+            and callable(getattr(parser, "handle_push_response", None))
+            and callable(getattr(parser, "on_connect", None))
+            and hasattr(redis.connection.Connection(), "_sock")
+            and callable(getattr(redis.connection.Connection, "_host_error", None)))
+
+
+SOCKET_API = has_socket_api()
+
+
+class Direct:
+    """One kept connection's socket as this module drives it (see the module docstring)."""
+
+    __slots__ = ("address", "buffer", "parser", "reader", "received", "sock", "timeout")
+
+    def __init__(self, conn: Connection, sock: socket.socket, timeout: float | None,
+                 received: int) -> None:
+        self.sock, self.timeout, self.received = sock, timeout, received
+        self.parser = conn._parser
+        self.reader = self.parser._reader
+        self.buffer = self.parser._buffer
+        self.address = conn._host_error()
+
+    def vouches(self, conn: Connection) -> bool:
+        """Whether ``conn`` may be used as it is: the same socket, still blocking, still
+        established, nothing received that was not read. False: redis-py's check decides."""
+        sock = conn._sock
+        if sock is not self.sock or sock.gettimeout() is not None or self.reader.has_data():
+            return False
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _INFO_LENGTH)  # type: ignore[arg-type]
+        except OSError:  # closed by another thread meanwhile
+            return False
+        return (info[0] == _ESTABLISHED
+                and _RECEIVED.unpack_from(info, 128)[0] == self.received)
+
+    def send(self, chunks: list[bytes] | tuple[bytes, ...]) -> None:
+        """Packed commands written; a failure leaves the connection for the caller to close."""
+        try:
+            for chunk in chunks:
+                self.sock.sendall(chunk)
+        except (BlockingIOError, TimeoutError) as exc:  # SO_SNDTIMEO ran out
+            raise redis.TimeoutError("Timeout writing to socket") from exc
+        except OSError as exc:
+            raise RedisConnectionError(
+                f"Error {exc.errno} while writing to socket. {exc.strerror}.") from exc
+
+    def reply(self) -> Any:
+        """One reply, an error reply as its exception object (not raised), as redis-py's parser
+        gives it; a push message is handled by the parser, as there, and the next read."""
+        reader = self.reader
+        while True:
+            reply = reader.gets()
+            while reply is NOT_ENOUGH_DATA:
+                self._received()
+                reply = reader.gets()
+            push = self.parser._hiredis_PushNotificationType
+            if push is None or not isinstance(reply, push):
+                break
+            self.parser.handle_push_response(reply)
+            retimed(self)  # a maintenance notice may have set another timeout
+        if isinstance(reply, RedisConnectionError):
+            raise reply
+        if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
+            raise reply[0]
+        return reply
+
+    def _received(self) -> None:
+        try:
+            count = self.sock.recv_into(self.buffer)
+        except (BlockingIOError, TimeoutError) as exc:  # SO_RCVTIMEO ran out
+            raise redis.TimeoutError(f"Timeout reading from {self.address}") from exc
+        except OSError as exc:
+            raise RedisConnectionError(
+                f"Error while reading from {self.address} : {exc.args}") from exc
+        if not count:
+            raise RedisConnectionError(SERVER_CLOSED)
+        self.received += count
+        self.reader.feed(self.buffer, 0, count)
+
+    def restore(self, conn: Connection) -> None:
+        """The socket's Python timeout back, for redis-py (the connection leaves the kept
+        ones)."""
+        if conn._sock is self.sock and self.sock.gettimeout() is None:
+            self.sock.settimeout(self.timeout)
+
+
+def mark(conn: Connection) -> tuple[socket.socket, int] | None:
+    """``conn``'s socket and the bytes its kernel has received so far, taken before redis-py's
+    check: a reply landing after the mark is counted against it, one landing before is seen by
+    the check. None where this module does not apply."""
+    sock = conn._sock
+    if not (SOCKET_API and type(sock) is socket.socket and socket.socket.__module__ == "socket"
+            and sock.family in (socket.AF_INET, socket.AF_INET6)):
+        return None
+    received = kernel_received(sock)
+    return None if received is None else (sock, received)
+
+
+def kernel_received(sock: socket.socket) -> int | None:
+    """The bytes the kernel has received on TCP socket ``sock`` (read or not); None on a
+    kernel before 4.1 (no ``tcpi_bytes_received``) or a closed socket."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _INFO_LENGTH)  # type: ignore[arg-type]
+    except OSError:
+        return None
+    if len(info) < _INFO_LENGTH:
+        return None
+    return int(_RECEIVED.unpack_from(info, 128)[0])
+
+
+def direct_state(conn: Connection, previous: Direct | None,
+                 marked: tuple[socket.socket, int] | None) -> Direct | None:
+    """``conn``, just checked by redis-py (connected, nothing waiting), taken over, or None
+    where this module does not apply. ``marked``: :func:`mark` before that check; a socket
+    opened since (redis-py reconnected) has sent nothing of ours, so its count is taken now.
+    ``previous``: the state before the check, whose timeout stands for the same socket (it
+    is blocking now)."""
+    if (type(conn._parser) is not _HiredisParser or getattr(conn._parser, "_reader", None) is None
+            or conn.health_check_interval):
+        return None
+    sock = conn._sock
+    if marked is None or marked[0] is not sock:
+        marked = mark(conn)
+        if marked is None:
+            return None
+    timeout = sock.gettimeout()
+    if timeout is None and previous is not None and previous.sock is sock:
+        timeout = previous.timeout
+    if timeout == 0:
+        return None  # a non-blocking socket is not redis-py's way: leave it be
+    state = Direct(conn, sock, timeout, marked[1])
+    try:
+        _blocking(sock, timeout)
+    except OSError:  # closed by another thread meanwhile: redis-py's next use finds out
+        return None
+    return state
+
+
+def retimed(state: Direct) -> None:
+    """A timeout redis-py set again on the socket (a maintenance notice) taken over."""
+    timeout = state.sock.gettimeout()
+    if timeout is not None:
+        state.timeout = timeout
+        _blocking(state.sock, timeout)
+
+
+def _blocking(sock: socket.socket, timeout: float | None) -> None:
+    sock.settimeout(None)
+    if timeout is None:
+        value = _TIMEVAL.pack(0, 0)  # none: block as long as it takes, as redis-py would
+    else:
+        micros = max(1, round(timeout * 1_000_000))  # 0 would mean no timeout at all
+        value = _TIMEVAL.pack(*divmod(micros, 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
