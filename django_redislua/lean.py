@@ -186,7 +186,6 @@ class KeptConnections:
         self._reset()
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
         self._idle: list[Connection] = []  # list.pop/append are atomic: no lock on the hot path
         self._kept: set[Connection] = set()
         self._direct: dict[Connection, sockets.Direct] = {}  # kept ones driven by sockets.py
@@ -194,6 +193,10 @@ class KeptConnections:
         # Collected without close(): the kept connections still go back to the pool.
         self._finalizer = weakref.finalize(self, _give_back, self.pool, self._idle, self._kept,
                                            self._direct)
+        # Last: in a forked child, a thread that finds its pid here finds the new lists too,
+        # never the parent's connections (whose sockets the parent still uses: a timeout set
+        # on one here would make the parent's socket non-blocking under it).
+        self._pid = os.getpid()
 
     def take(self) -> Connection:
         if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours

@@ -30,6 +30,8 @@ pool gets its Python timeout back. Only where :func:`direct_state` finds what th
 
 from __future__ import annotations
 
+import fcntl
+import os
 import socket
 import struct
 import sys
@@ -113,7 +115,7 @@ class Direct:
             for chunk in chunks:
                 self.sock.sendall(chunk)
         except (BlockingIOError, TimeoutError) as exc:  # SO_SNDTIMEO ran out
-            raise redis.TimeoutError("Timeout writing to socket") from exc
+            raise redis.TimeoutError(f"Timeout writing to socket{self._shared()}") from exc
         except OSError as exc:
             raise RedisConnectionError(
                 f"Error {exc.errno} while writing to socket. {exc.strerror}.") from exc
@@ -142,7 +144,8 @@ class Direct:
         try:
             count = self.sock.recv_into(self.buffer)
         except (BlockingIOError, TimeoutError) as exc:  # SO_RCVTIMEO ran out
-            raise redis.TimeoutError(f"Timeout reading from {self.address}") from exc
+            raise redis.TimeoutError(
+                f"Timeout reading from {self.address}{self._shared()}") from exc
         except OSError as exc:
             raise RedisConnectionError(
                 f"Error while reading from {self.address} : {exc.args}") from exc
@@ -150,6 +153,17 @@ class Direct:
             raise RedisConnectionError(SERVER_CLOSED)
         self.received += count
         self.reader.feed(self.buffer, 0, count)
+
+    def _shared(self) -> str:
+        """What a timeout's message adds when the socket turned non-blocking under this
+        connection: then the kernel did not wait, another process sharing the socket (a
+        forked child) changed it."""
+        try:
+            blocking = not fcntl.fcntl(self.sock.fileno(), fcntl.F_GETFL) & os.O_NONBLOCK
+        except OSError:
+            return ""
+        return "" if blocking else (" (not waited for: the socket was made non-blocking by another "
+                                    "process sharing it)")
 
     def restore(self, conn: Connection) -> None:
         """The socket's Python timeout back, for redis-py (the connection leaves the kept

@@ -269,3 +269,19 @@ def test_not_taken_over(what: str, tmp_path: Any) -> None:
             conn = connection(client, **options)
             assert sockets.direct_state(conn, None, sockets.mark(conn)) is None
             assert client.gettimeout() == TIMEOUT  # left as redis-py set it
+
+
+def test_a_socket_made_non_blocking_by_another_process_says_so(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """A forked child sharing the socket that sets a Python timeout on its copy makes it
+    non-blocking for both: the read then fails at once, and its message says why."""
+    import fcntl
+    import os
+
+    client, _ = pair
+    conn = connection(client)
+    state = taken(conn)
+    flags = fcntl.fcntl(client.fileno(), fcntl.F_GETFL)
+    fcntl.fcntl(client.fileno(), fcntl.F_SETFL, flags | os.O_NONBLOCK)  # as the child would
+    with pytest.raises(redis.TimeoutError, match="made non-blocking by another process"):
+        state.reply()
