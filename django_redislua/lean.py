@@ -160,8 +160,10 @@ def _give_back(pool: Any, idle: list[Connection], kept: set[Connection],
     while idle:
         conn = idle.pop()
         kept.discard(conn)
-        _restored(conn, direct)
-        pool.release(conn)
+        try:
+            _restored(conn, direct)
+        finally:
+            pool.release(conn)
 
 
 def _restored(conn: Connection, direct: dict[Connection, sockets.Direct]) -> None:
@@ -214,13 +216,14 @@ class KeptConnections:
                 self._taken_over(conn, None, None)
             return conn
         state = self._direct.get(conn)
-        if state is not None and state.vouches(conn):
+        if state is not None and state.vouches(conn) and not _marked_for_reconnect(conn):
             return conn
         marked = sockets.mark(conn)
         try:
             # The pool's check before a kept connection is used again: data waiting (a push
-            # message, a reply nobody read) or a socket the server closed means a reconnect.
-            if conn.is_connected and conn.can_read():
+            # message, a reply nobody read) or a socket the server closed means a reconnect;
+            # so does a mark for one (see arefreshed).
+            if conn.is_connected and (_marked_for_reconnect(conn) or conn.can_read()):
                 conn.disconnect()
         except (redis.ConnectionError, redis.TimeoutError, OSError, *TORN_DOWN):
             conn.disconnect()  # TORN_DOWN: another thread closed it meanwhile
@@ -235,9 +238,18 @@ class KeptConnections:
 
     def _taken_over(self, conn: Connection, previous: sockets.Direct | None,
                     marked: tuple[Any, int] | None) -> None:
-        state = sockets.direct_state(conn, previous, marked) if sockets.SOCKET_API else None
+        """``conn`` driven on its socket from now on where sockets.py applies; else as
+        redis-py set it up (its socket's Python timeout back, if this drove it before)."""
+        try:
+            state = sockets.direct_state(conn, marked) if sockets.SOCKET_API else None
+        except BaseException:
+            self._direct.pop(conn, None)
+            self.give(conn)  # not lost to the pool
+            raise
         if state is None:
             self._direct.pop(conn, None)
+            if previous is not None:
+                previous.restore(conn)
         else:
             self._direct[conn] = state
 
@@ -247,8 +259,10 @@ class KeptConnections:
             return
         with self._lock:
             self._kept.discard(conn)
-        _restored(conn, self._direct)
-        self.pool.release(conn)
+        try:
+            _restored(conn, self._direct)
+        finally:
+            self.pool.release(conn)
 
     def write(self, conn: Connection, commands: Sequence[Command]) -> None:
         data = packed(self._pack, commands[0]) if len(commands) == 1 else None

@@ -22,19 +22,25 @@ socket's system calls"). So, for a connection :class:`lean.KeptConnections` keep
 
 What stays redis-py's: connecting (auth, ``HELLO``, ``SELECT``), its check whenever this one
 cannot vouch, disconnecting, and every connection it owns; a kept connection given back to the
-pool gets its Python timeout back. Only where :func:`direct_state` finds what this needs: Linux's
-``TCP_INFO`` with ``tcpi_bytes_received`` (4.1+), the standard library's own socket class
-(neither TLS nor gevent's), TCP, redis-py's hiredis parser, no ``health_check_interval``
-(redis-py pings before a send then); elsewhere the kept connection takes redis-py's methods.
+pool gets its Python timeout back. Only where :func:`direct_state` finds what this needs: a
+thread other than the main one (the kernel delivers the process's signals there, and a blocking
+receive a signal interrupts starts again with the kernel's whole timeout: a periodic signal
+would stretch it; the main thread keeps the Python timeout's deadline), Linux's ``TCP_INFO``
+with ``tcpi_bytes_received`` (4.1+), the standard library's own socket class (neither TLS nor
+gevent's), TCP, redis-py's hiredis parser, no ``health_check_interval`` (redis-py pings before a
+send then); elsewhere the kept connection takes redis-py's methods. Threads are where it pays:
+one thread alone has no one to hand the lock to.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
 import struct
 import sys
+import threading
 from typing import Any
 
 import redis
@@ -55,7 +61,7 @@ _TCP_INFO = getattr(socket, "TCP_INFO", None)
 _ESTABLISHED = 1  # tcp_info.tcpi_state
 _INFO_LENGTH = 136  # through tcpi_bytes_received, a u64 at offset 128 (Linux 4.1)
 _RECEIVED = struct.Struct("=Q")
-_TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
+_FIELD = {16: "q", 8: "l"}  # struct timeval's two fields by its size: 64-bit or 32-bit
 # redis-py's message for a socket the server closed (its parsers' SERVER_CLOSED_CONNECTION_ERROR)
 SERVER_CLOSED = "Connection closed by server."
 
@@ -97,10 +103,12 @@ class Direct:
         self.address = conn._host_error()
 
     def vouches(self, conn: Connection) -> bool:
-        """Whether ``conn`` may be used as it is: the same socket, still blocking, still
-        established, nothing received that was not read. False: redis-py's check decides."""
+        """Whether ``conn`` may be used as it is, by this thread: the same socket, still
+        blocking, the timeout redis-py means, still established, nothing received that was
+        not read. False: redis-py's check decides."""
         sock = conn._sock
-        if sock is not self.sock or sock.gettimeout() is not None or self.reader.has_data():
+        if (sock is not self.sock or sock.gettimeout() is not None or self.reader.has_data()
+                or self.parser._socket_timeout != self.timeout or _on_main_thread()):
             return False
         try:
             info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _INFO_LENGTH)  # type: ignore[arg-type]
@@ -110,15 +118,35 @@ class Direct:
                 and _RECEIVED.unpack_from(info, 128)[0] == self.received)
 
     def send(self, chunks: list[bytes] | tuple[bytes, ...]) -> None:
-        """Packed commands written; a failure leaves the connection for the caller to close."""
+        """Packed commands written; a failure leaves the connection for the caller to close.
+        Each chunk in one ``send``, the common case; what the kernel did not take at once is
+        written by ``sendall`` under the Python timeout, whose deadline covers the whole rest
+        (the kernel's ``SO_SNDTIMEO`` starts again with every part sent)."""
+        sock = self.sock
         try:
-            for chunk in chunks:
-                self.sock.sendall(chunk)
-        except (BlockingIOError, TimeoutError) as exc:  # SO_SNDTIMEO ran out
+            for n, chunk in enumerate(chunks):
+                sent = sock.send(chunk)
+                if sent < len(chunk):
+                    self._send_rest([memoryview(chunk)[sent:], *chunks[n + 1:]])
+                    break
+        except (BlockingIOError, TimeoutError) as exc:  # the timeout ran out
             raise redis.TimeoutError(f"Timeout writing to socket{self._shared()}") from exc
         except OSError as exc:
             raise RedisConnectionError(
                 f"Error {exc.errno} while writing to socket. {exc.strerror}.") from exc
+        if sock.fileno() < 0:  # closed by another thread: the write may have gone to a socket
+            # that took its descriptor since; nothing of ours is read from it
+            raise RedisConnectionError("Error while writing to socket: closed while in use.")
+
+    def _send_rest(self, rest: list[Any]) -> None:
+        sock = self.sock
+        sock.settimeout(self.timeout)
+        try:
+            for chunk in rest:
+                sock.sendall(chunk)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.settimeout(None)
 
     def reply(self) -> Any:
         """One reply, an error reply as its exception object (not raised), as redis-py's parser
@@ -141,14 +169,19 @@ class Direct:
         return reply
 
     def _received(self) -> None:
+        sock = self.sock
         try:
-            count = self.sock.recv_into(self.buffer)
+            count = sock.recv_into(self.buffer)
         except (BlockingIOError, TimeoutError) as exc:  # SO_RCVTIMEO ran out
             raise redis.TimeoutError(
                 f"Timeout reading from {self.address}{self._shared()}") from exc
         except OSError as exc:
             raise RedisConnectionError(
                 f"Error while reading from {self.address} : {exc.args}") from exc
+        if sock.fileno() < 0:  # closed by another thread: what came may be another socket's
+            # that took its descriptor meanwhile, never a reply to this call
+            raise RedisConnectionError(
+                f"Error while reading from {self.address}: closed while in use.")
         if not count:
             raise RedisConnectionError(SERVER_CLOSED)
         self.received += count
@@ -166,10 +199,20 @@ class Direct:
                                     "process sharing it)")
 
     def restore(self, conn: Connection) -> None:
-        """The socket's Python timeout back, for redis-py (the connection leaves the kept
-        ones)."""
+        """The socket's Python timeout back, the one redis-py means now, for redis-py's own
+        methods (the connection leaves the kept ones, or this module stops driving it)."""
         if conn._sock is self.sock and self.sock.gettimeout() is None:
-            self.sock.settimeout(self.timeout)
+            with contextlib.suppress(OSError):  # closed by another thread: nothing to restore
+                self.sock.settimeout(getattr(self.parser, "_socket_timeout", self.timeout))
+
+
+def _on_main_thread() -> bool:
+    """The main thread is where the kernel delivers a process's signals: a blocking receive
+    interrupted by one is started again with the whole SO_RCVTIMEO (PEP 475), so a periodic
+    signal (a profiler's, an ``ITIMER_REAL``) would keep a silent server's call waiting past
+    the timeout. There the socket keeps redis-py's Python timeout, a deadline over the
+    retries; threads, where many calls contend for the lock, take this module."""
+    return threading.get_ident() == threading.main_thread().ident
 
 
 def mark(conn: Connection) -> tuple[socket.socket, int] | None:
@@ -196,48 +239,52 @@ def kernel_received(sock: socket.socket) -> int | None:
     return int(_RECEIVED.unpack_from(info, 128)[0])
 
 
-def direct_state(conn: Connection, previous: Direct | None,
-                 marked: tuple[socket.socket, int] | None) -> Direct | None:
+def direct_state(conn: Connection, marked: tuple[socket.socket, int] | None) -> Direct | None:
     """``conn``, just checked by redis-py (connected, nothing waiting), taken over, or None
-    where this module does not apply. ``marked``: :func:`mark` before that check; a socket
-    opened since (redis-py reconnected) has sent nothing of ours, so its count is taken now.
-    ``previous``: the state before the check, whose timeout stands for the same socket (it
-    is blocking now)."""
-    if (type(conn._parser) is not _HiredisParser or getattr(conn._parser, "_reader", None) is None
-            or conn.health_check_interval):
+    where this module does not apply (its socket then left as redis-py set it). ``marked``:
+    :func:`mark` before that check; a socket opened since (redis-py reconnected) has sent
+    nothing of ours, so its count is taken now."""
+    parser = conn._parser
+    if (type(parser) is not _HiredisParser or getattr(parser, "_reader", None) is None
+            or not hasattr(parser, "_socket_timeout") or conn.health_check_interval
+            or _on_main_thread()):
         return None
     sock = conn._sock
     if marked is None or marked[0] is not sock:
         marked = mark(conn)
         if marked is None:
             return None
-    timeout = sock.gettimeout()
-    if timeout is None and previous is not None and previous.sock is sock:
-        timeout = previous.timeout
+    timeout = parser._socket_timeout  # what redis-py means now (relaxed during maintenance)
     if timeout == 0:
         return None  # a non-blocking socket is not redis-py's way: leave it be
-    state = Direct(conn, sock, timeout, marked[1])
     try:
         _blocking(sock, timeout)
-    except OSError:  # closed by another thread meanwhile: redis-py's next use finds out
-        return None
-    return state
+    except (OSError, ValueError, OverflowError, struct.error):
+        return None  # closed by another thread meanwhile, or a timeout the kernel refuses
+    return Direct(conn, sock, timeout, marked[1])
 
 
 def retimed(state: Direct) -> None:
-    """A timeout redis-py set again on the socket (a maintenance notice) taken over."""
-    timeout = state.sock.gettimeout()
-    if timeout is not None:
-        state.timeout = timeout
+    """A timeout redis-py set again (a maintenance notice, read mid-reply) taken over."""
+    timeout = state.parser._socket_timeout
+    if timeout != state.timeout or state.sock.gettimeout() is not None:
         _blocking(state.sock, timeout)
+        state.timeout = timeout
 
 
 def _blocking(sock: socket.socket, timeout: float | None) -> None:
-    sock.settimeout(None)
+    """``sock`` blocking, ``timeout`` kept by the kernel. The kernel's own timeouts first: if
+    it refuses them, the socket keeps its Python timeout (never blocking without one)."""
     if timeout is None:
-        value = _TIMEVAL.pack(0, 0)  # none: block as long as it takes, as redis-py would
+        seconds, micros = 0, 0  # none: block as long as it takes, as redis-py would
     else:
-        micros = max(1, round(timeout * 1_000_000))  # 0 would mean no timeout at all
-        value = _TIMEVAL.pack(*divmod(micros, 1_000_000))
+        seconds, micros = divmod(max(1, round(timeout * 1_000_000)), 1_000_000)  # 0: none
+    # struct timeval's size as this kernel reads it (two longs; 64-bit fields under a 32-bit
+    # time64 ABI, where SO_RCVTIMEO is the _NEW option)
+    field = _FIELD.get(len(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)))
+    if field is None:
+        raise ValueError("a struct timeval of a size this module does not know")
+    value = struct.pack(f"={field}{field}", seconds, micros)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+    sock.settimeout(None)

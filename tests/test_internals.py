@@ -225,7 +225,7 @@ def test_without_the_stream_api_the_shared_connection_uses_redis_pys_methods(
 def test_without_the_socket_api_kept_connections_use_redis_pys_methods(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # tests/test_lean_path.py runs every sync test this way too (the path "lean-methods").
-    monkeypatch.delattr(redis._parsers.hiredis, "NOT_ENOUGH_DATA")
+    monkeypatch.delattr(redis._parsers.hiredis, "NOT_ENOUGH_DATA", raising=False)
     monkeypatch.setattr(sockets, "NOT_ENOUGH_DATA", None)
     assert not sockets.has_socket_api()
     monkeypatch.setattr(sockets, "SOCKET_API", False)

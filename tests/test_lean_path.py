@@ -79,10 +79,16 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture(autouse=True)
 def socket_api(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``lean-methods``: the kept connections are not driven on their sockets."""
+    """``lean-methods``: the kept connections are not driven on their sockets. ``lean``: they
+    are, on this test's main thread too, as on any other thread (the main thread keeps
+    redis-py's methods for the signals it gets, see sockets._on_main_thread, which
+    test_the_main_thread_keeps_redis_pys_timeout checks without this)."""
     callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.params.get("path") == LEAN_METHODS:
+    path = callspec.params.get("path") if callspec is not None else None
+    if path == LEAN_METHODS:
         monkeypatch.setattr(sockets, "SOCKET_API", False)
+    elif path == LEAN or request.node.get_closest_marker("socket_path"):
+        monkeypatch.setattr(sockets, "_on_main_thread", lambda: False)
 
 
 @pytest.fixture
@@ -196,7 +202,11 @@ def pool_state(pool: Any, found: lean.KeptConnections | lean.AsyncKeptConnection
         assert found._kept == set(idle)
         assert len(found._kept) <= max(1, pool.max_connections // 2)
     if isinstance(found, lean.KeptConnections):  # each kept one on its socket, where it can be
-        assert set(found._direct) == (found._kept if sockets.SOCKET_API else set())
+        assert set(found._direct) <= found._kept
+        if not sockets.SOCKET_API:
+            assert not found._direct
+        elif not sockets._on_main_thread():  # the path "lean" (see the fixture socket_api)
+            assert set(found._direct) == found._kept
 
 
 def recorded(server: RedisServer) -> CommandRecorder:
@@ -492,6 +502,7 @@ def test_a_reply_nobody_read_is_never_an_answer(
         pool_state(get_client().connection_pool, found)
 
 
+@pytest.mark.socket_path
 def test_kept_connections_make_no_poll(
     server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -521,6 +532,7 @@ def test_kept_connections_make_no_poll(
         pool_state(get_client().connection_pool, found)
 
 
+@pytest.mark.socket_path
 def test_connections_given_back_time_out_as_redis_pys(server: RedisServer) -> None:
     """Kept connections given back to the pool (the transport closed, as when settings change)
     get their Python timeout back: redis-py's own calls on them time out as
@@ -536,6 +548,80 @@ def test_connections_given_back_time_out_as_redis_pys(server: RedisServer) -> No
         # the pool lends them to redis-py's own client now
         with paused(server), pytest.raises(redis.TimeoutError):
             get_client().execute_command("PING")
+
+
+def in_thread(call: Any) -> Any:
+    """``call()`` on a thread of its own (not the main one); its result, or its exception."""
+    found: list[Any] = []
+
+    def run() -> None:
+        try:
+            found.append(("value", call()))
+        except BaseException as exc:
+            found.append(("raised", exc))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    kind, value = found[0]
+    if kind == "raised":
+        raise value
+    return value
+
+
+def test_the_main_thread_keeps_redis_pys_timeout(server: RedisServer) -> None:
+    """Threads drive a kept connection on its socket; the main thread, where the process's
+    signals land (a periodic one would restart a blocking receive's kernel timeout), uses it
+    through redis-py's methods, its socket given its Python timeout back."""
+    if not sockets.SOCKET_API:
+        pytest.skip("Linux TCP_INFO and hiredis only")
+    with on(server, LEAN):
+        limited = policy("1000/m")
+        found = channel(LEAN)
+        assert found is not None
+        assert limited.hit("a").remaining == 999
+        (conn,) = found._idle
+        assert conn not in found._direct and conn._sock.gettimeout() == TIMEOUT
+        assert in_thread(lambda: limited.hit("a")).remaining == 998
+        assert conn in found._direct and conn._sock.gettimeout() is None
+        assert limited.hit("a").remaining == 997
+        assert conn not in found._direct and conn._sock.gettimeout() == TIMEOUT
+        pool_state(get_client().connection_pool, found)
+
+
+@pytest.mark.parametrize("where", ["main thread", "another thread"])
+def test_a_periodic_signal_does_not_stretch_the_timeout(
+    server: RedisServer, where: str
+) -> None:
+    """A process with a periodic signal (a sampling profiler's ``ITIMER_REAL``, every 0.1 s,
+    under a 0.3 s timeout) and a hung server: the call still fails on its timeout, never waits
+    for the server to come back (a blocking receive is started again, with the kernel's whole
+    timeout, after each signal)."""
+    previous = signal.signal(signal.SIGALRM, lambda *args: None)
+    try:
+        with on(server, LEAN):
+            limited = policy()
+            call = (lambda: limited.hit("a")) if where == "main thread" else (
+                lambda: in_thread(lambda: limited.hit("a")))
+            assert call().allowed
+            assert server.process is not None
+            pid = server.process.pid
+            # Resumed after 3 s whatever happens: a call that kept waiting would then succeed
+            # (and the test fail) rather than hang with the server.
+            resume = threading.Timer(3, os.kill, (pid, signal.SIGCONT))
+            signal.setitimer(signal.ITIMER_REAL, 0.1, 0.1)
+            os.kill(pid, signal.SIGSTOP)
+            resume.start()
+            try:
+                with pytest.raises(redis.TimeoutError):
+                    call()
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                resume.cancel()
+                os.kill(pid, signal.SIGCONT)
+            assert call().allowed
+    finally:
+        signal.signal(signal.SIGALRM, previous)
 
 
 # -- 5. timeouts ---------------------------------------------------------------------------------

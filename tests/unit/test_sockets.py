@@ -9,6 +9,7 @@ parser), without connecting: the test holds the server's end.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -28,6 +29,14 @@ pytestmark = pytest.mark.skipif(not sockets.SOCKET_API, reason="Linux TCP_INFO a
 TIMEOUT = 0.2
 
 
+@pytest.fixture(autouse=True)
+def off_the_main_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests run on the main thread, which keeps redis-py's methods in production (see
+    sockets._on_main_thread and test_the_main_thread_is_left_to_redis_py): here the socket
+    path runs as on any other thread."""
+    monkeypatch.setattr(sockets, "_on_main_thread", lambda: False)
+
+
 @pytest.fixture
 def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     """A connected loopback TCP pair: (the client's end, the scripted server's end)."""
@@ -42,15 +51,16 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
 
 def connection(sock: socket.socket, protocol: int = 3, **options: Any) -> Any:
     """A redis-py connection as its handshake leaves it, on ``sock``."""
-    conn = redis.connection.Connection(protocol=protocol, socket_timeout=TIMEOUT, **options)
-    sock.settimeout(TIMEOUT)
+    timeout = options.pop("socket_timeout", TIMEOUT)
+    conn = redis.connection.Connection(protocol=protocol, socket_timeout=timeout, **options)
+    sock.settimeout(timeout)
     conn._sock = sock
     conn._parser.on_connect(conn)
     return conn
 
 
 def taken(conn: Any) -> sockets.Direct:
-    state = sockets.direct_state(conn, None, sockets.mark(conn))
+    state = sockets.direct_state(conn, sockets.mark(conn))
     assert state is not None
     return state
 
@@ -88,8 +98,7 @@ def test_the_socket_blocks_with_the_timeout_kept_by_the_kernel(
         timeval: tuple[int, int] | None) -> None:
     """``timeval`` None: the least the kernel keeps (its clock's tick), never none at all."""
     client, _ = pair
-    conn = connection(client)
-    client.settimeout(timeout)
+    conn = connection(client, socket_timeout=timeout)
     state = taken(conn)
     assert client.gettimeout() is None and state.timeout == timeout
     for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
@@ -140,21 +149,77 @@ def test_a_timeout_set_again_is_taken_over(pair: tuple[socket.socket, socket.soc
     conn = connection(client)
     state = taken(conn)
     conn.update_current_socket_timeout(1.5)
-    again = sockets.direct_state(conn, state, sockets.mark(conn))
+    assert not state.vouches(conn)
+    again = sockets.direct_state(conn, sockets.mark(conn))
     assert again is not None and again.timeout == 1.5 and client.gettimeout() is None
     again.restore(conn)
     assert client.gettimeout() == 1.5
 
 
-def test_a_blocking_socket_keeps_the_timeout_it_had(
+def test_a_timeout_redis_py_sets_back_to_none_is_taken_over(
         pair: tuple[socket.socket, socket.socket]) -> None:
-    """Taken over again without redis-py touching the timeout (the socket blocking already):
-    the timeout is the one recorded, not none at all."""
+    """A relaxed timeout put back to none (``update_current_socket_timeout(-1)`` on a
+    connection without ``socket_timeout``): redis-py's parser says so, the socket does not."""
     client, _ = pair
     conn = connection(client)
+    conn.socket_timeout = None
+    conn.update_current_socket_timeout(0.2)
     state = taken(conn)
-    again = sockets.direct_state(conn, state, sockets.mark(conn))
-    assert again is not None and again.timeout == TIMEOUT
+    assert state.timeout == 0.2
+    conn.update_current_socket_timeout(-1)  # back to the connection's own: none
+    assert client.gettimeout() is None  # what the socket alone would not tell
+    assert not state.vouches(conn)
+    again = sockets.direct_state(conn, sockets.mark(conn))
+    assert again is not None and again.timeout is None
+    assert struct.unpack("@ll", client.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)) \
+        == (0, 0)
+
+
+def test_the_main_thread_is_left_to_redis_py(
+        pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    client, _ = pair
+    conn = connection(client)
+    monkeypatch.undo()  # the real test of the thread
+    assert sockets.direct_state(conn, sockets.mark(conn)) is None
+    assert client.gettimeout() == TIMEOUT
+    found: list[Any] = []
+    worker = threading.Thread(target=lambda: found.append(
+        sockets.direct_state(conn, sockets.mark(conn))))
+    worker.start()
+    worker.join(10)
+    assert found[0] is not None and client.gettimeout() is None
+    assert not found[0].vouches(conn)  # on the main thread again: redis-py's check
+
+
+def test_a_write_the_kernel_takes_in_part_is_finished_within_the_timeout(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """A peer that reads slowly (64 KiB every 20 ms): the kernel takes part of a large write
+    at a time; the whole write fails on one deadline, as redis-py's ``sendall`` does (the
+    kernel's SO_SNDTIMEO starts again with each part that goes through, so a write making
+    some progress in every window would never time out)."""
+    client, server = pair
+    conn = connection(client)
+    state = taken(conn)
+    stop = threading.Event()
+
+    def read_slowly() -> None:
+        server.settimeout(0.05)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                server.recv(64 << 10)
+            time.sleep(0.02)
+
+    reader = threading.Thread(target=read_slowly)
+    reader.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(redis.TimeoutError, match="Timeout writing"):
+            state.send((b"x" * (256 << 20),))  # about 80 s at that pace
+    finally:
+        stop.set()
+        reader.join()
+    assert time.monotonic() - started < 25 * TIMEOUT  # one deadline, not one per part
+    assert client.gettimeout() is None  # back to blocking for the caller's clean-up
 
 
 def test_a_reply_in_pieces(pair: tuple[socket.socket, socket.socket]) -> None:
@@ -267,7 +332,7 @@ def test_not_taken_over(what: str, tmp_path: Any) -> None:
                 {"health_check_interval": 30} if what == "health checks"
                 else {"parser_class": redis.connection._RESP3Parser})
             conn = connection(client, **options)
-            assert sockets.direct_state(conn, None, sockets.mark(conn)) is None
+            assert sockets.direct_state(conn, sockets.mark(conn)) is None
             assert client.gettimeout() == TIMEOUT  # left as redis-py set it
 
 
@@ -285,3 +350,14 @@ def test_a_socket_made_non_blocking_by_another_process_says_so(
     fcntl.fcntl(client.fileno(), fcntl.F_SETFL, flags | os.O_NONBLOCK)  # as the child would
     with pytest.raises(redis.TimeoutError, match="made non-blocking by another process"):
         state.reply()
+
+
+def test_restoring_a_socket_another_thread_closed_is_nothing(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """A pool's ``disconnect`` from another thread may close the socket as the connection goes
+    back: giving it back must not fail (the pool would never get it back)."""
+    client, _ = pair
+    conn = connection(client)
+    state = taken(conn)
+    client.close()
+    state.restore(conn)
