@@ -212,13 +212,16 @@ class KeptConnections:
                 kept = len(self._kept) < self._keep and not self._closed
                 if kept:
                     self._kept.add(conn)
-            if kept:
+            if kept and sockets.SOCKET_API and not sockets._on_main_thread():
                 self._taken_over(conn, None, None)
             return conn
         state = self._direct.get(conn)
         if state is not None and state.vouches(conn) and not _marked_for_reconnect(conn):
             return conn
-        marked = sockets.mark(conn)
+        # The main thread takes redis-py's methods (sockets._on_main_thread): nothing of
+        # sockets.py on its path, but a socket driven by another thread given its timeout back.
+        driven = sockets.SOCKET_API and not sockets._on_main_thread()
+        marked = sockets.mark(conn) if driven else None
         try:
             # The pool's check before a kept connection is used again: data waiting (a push
             # message, a reply nobody read) or a socket the server closed means a reconnect;
@@ -233,7 +236,11 @@ class KeptConnections:
             except BaseException:
                 self._idle.append(conn)
                 raise
-        self._taken_over(conn, state, marked)
+        if driven:
+            self._taken_over(conn, state, marked)
+        elif state is not None:
+            del self._direct[conn]
+            state.restore(conn)
         return conn
 
     def _taken_over(self, conn: Connection, previous: sockets.Direct | None,
@@ -241,7 +248,7 @@ class KeptConnections:
         """``conn`` driven on its socket from now on where sockets.py applies; else as
         redis-py set it up (its socket's Python timeout back, if this drove it before)."""
         try:
-            state = sockets.direct_state(conn, marked) if sockets.SOCKET_API else None
+            state = sockets.direct_state(conn, marked)
         except BaseException:
             self._direct.pop(conn, None)
             self.give(conn)  # not lost to the pool
