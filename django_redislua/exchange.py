@@ -146,7 +146,8 @@ def opened(source: Any) -> Connection:
         if failure is exc:
             raise
         raise failure from exc
-    except TORN_DOWN as exc:
+    except (*TORN_DOWN, ValueError) as exc:  # ValueError: a pool's poll of a socket closed
+        # meanwhile (its descriptor -1); nothing is read here, so never a reply's decoding
         if not closed_under_us(exc):
             raise
         raise unsent(torn_down(exc)) from exc

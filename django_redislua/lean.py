@@ -228,8 +228,10 @@ class KeptConnections:
             # so does a mark for one (see arefreshed).
             if conn.is_connected and (_marked_for_reconnect(conn) or conn.can_read()):
                 conn.disconnect()
-        except (redis.ConnectionError, redis.TimeoutError, OSError, *TORN_DOWN):
-            conn.disconnect()  # TORN_DOWN: another thread closed it meanwhile
+        except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError, *TORN_DOWN):
+            # TORN_DOWN, ValueError: another thread closed it meanwhile (redis-py polls the
+            # socket object, whose descriptor is then -1); nothing was sent: a new one
+            conn.disconnect()
         if not conn.is_connected:
             try:
                 conn.connect()  # before the send: a failure here sent nothing

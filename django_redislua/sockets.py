@@ -193,7 +193,7 @@ class Direct:
         forked child) changed it."""
         try:
             blocking = not fcntl.fcntl(self.sock.fileno(), fcntl.F_GETFL) & os.O_NONBLOCK
-        except OSError:
+        except (OSError, ValueError):  # closed meanwhile (descriptor -1)
             return ""
         return "" if blocking else (" (not waited for: the socket was made non-blocking by another "
                                     "process sharing it)")

@@ -550,6 +550,50 @@ def test_connections_given_back_time_out_as_redis_pys(server: RedisServer) -> No
             get_client().execute_command("PING")
 
 
+@pytest.mark.parametrize("path", [LEAN, LEAN_METHODS])
+def test_a_connection_marked_for_a_reconnect_is_reconnected_first(
+    server: RedisServer, path: str
+) -> None:
+    """redis-py marks a connection in use for a reconnect (a server's maintenance notice, a
+    cluster's table change), which the pool does as it comes back: a kept one never comes
+    back, so the next call reconnects it first."""
+    if not hasattr(redis.connection.Connection, "mark_for_reconnect"):
+        pytest.skip(f"redis-py {redis.__version__} marks no connection for a reconnect")
+    with on(server, path):
+        limited = policy()
+        found = channel(path)
+        assert limited.hit("a").remaining == 99
+        (conn,) = found._idle  # type: ignore[union-attr]
+        stale = conn._sock
+        conn.mark_for_reconnect()
+        with recorded(server) as rec:
+            assert limited.hit("a").remaining == 98
+        assert calls(rec) == ["EVALSHA"]
+        assert conn._sock is not stale and not conn.should_reconnect()
+        pool_state(get_client().connection_pool, found)
+
+
+@pytest.mark.parametrize("path", [LEAN, LEAN_METHODS])
+def test_a_kept_socket_closed_by_another_thread_is_replaced(
+    server: RedisServer, path: str
+) -> None:
+    """A kept connection's socket closed under it by another thread, as a pool's
+    ``disconnect`` does mid-way (CI98: redis-py's own check then polls a socket object whose
+    descriptor is -1, a ValueError): the next call goes out on a new connection."""
+    with on(server, path):
+        limited = policy()
+        found = channel(path)
+        assert limited.hit("a").remaining == 99
+        (conn,) = found._idle  # type: ignore[union-attr]
+        stale = conn._sock
+        stale.close()  # the socket object closed, the connection not told
+        with recorded(server) as rec:
+            assert limited.hit("a").remaining == 98
+        assert calls(rec) == ["EVALSHA"]
+        assert conn._sock is not stale
+        pool_state(get_client().connection_pool, found)
+
+
 def in_thread(call: Any) -> Any:
     """``call()`` on a thread of its own (not the main one); its result, or its exception."""
     found: list[Any] = []

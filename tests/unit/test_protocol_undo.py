@@ -156,3 +156,26 @@ def test_a_connection_that_cannot_be_taken_sent_nothing(failure: BaseException) 
         exchange.opened(Failing())
     assert protocol.was_unsent(raised.value)
     assert raised.value is failure or raised.value.__cause__ is failure
+
+
+def test_a_pools_poll_of_a_socket_closed_meanwhile_sent_nothing() -> None:
+    """redis-py's check of a pooled connection polls its socket object; closed meanwhile by
+    another thread (descriptor -1) that is a ValueError raised in redis-py's parsers: a lost
+    connection that sent nothing, not an error of the caller's."""
+    import socket
+
+    import redis._parsers.hiredis
+
+    can_read = getattr(redis._parsers.hiredis, "_socket_can_read", None)
+    if can_read is None:
+        pytest.skip(f"redis-py {redis.__version__} polls elsewhere")
+    closed = socket.socket()
+    closed.close()
+
+    class Checking:
+        def take(self) -> Any:
+            return can_read(closed, 0)
+
+    with pytest.raises(redis.ConnectionError, match="closed while in use") as raised:
+        exchange.opened(Checking())
+    assert protocol.was_unsent(raised.value)
