@@ -10,7 +10,8 @@ socket's system calls"). So, for a connection :class:`lean.KeptConnections` keep
 
 - its socket is blocking, the same timeout kept by the kernel (``SO_RCVTIMEO``,
   ``SO_SNDTIMEO``): a reply or a write later than it fails as redis-py's do
-  (``redis.TimeoutError``, the connection closed);
+  (``redis.TimeoutError``, the connection closed); a write the kernel takes only in part is
+  finished under the Python timeout, one deadline for the rest, as redis-py's ``sendall``;
 - the check before each use reads ``TCP_INFO`` (``getsockopt`` keeps the lock): the connection
   still ``ESTABLISHED``, and nothing received beyond what was read here (the kernel's
   ``tcpi_bytes_received`` against a count of the bytes read, from a baseline taken when the
