@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +196,35 @@ def test_sync_view(deployed: str, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="django_redislua"):
         assert_redis_decided([client.get("/m/sync/") for _ in range(4)])
     assert not [r for r in caplog.records if r.name == "django_redislua"]  # nothing failed open
+
+
+def test_sync_view_on_a_thread(deployed: str) -> None:
+    """The requests served by a thread other than the main one, as gunicorn's gthread workers
+    and runserver serve them: there a kept connection over TCP is driven on its socket
+    (django_redislua/sockets.py: a password's or an ACL user's handshake is redis-py's; TLS, a
+    unix socket and Sentinel's pools keep redis-py's methods); Redis decides either way."""
+    from django_redislua import lean, sockets
+    from django_redislua.transport import ClusterTransport, get_transport
+
+    found: list[Any] = []
+
+    def serve() -> None:
+        client = Client()
+        found.extend(client.get("/m/sync/") for _ in range(4))
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    thread.join(60)
+    assert_redis_decided(found)
+    transport = get_transport()
+    servers = (list(transport._nodes.values()) if isinstance(transport, ClusterTransport)
+               else [transport])
+    sources = [server.source for server in servers]  # type: ignore[attr-defined]
+    driven = [conn for source in sources if isinstance(source, lean.KeptConnections)
+              for conn in source._direct]
+    expected = (sockets.SOCKET_API and lean.SUPPORTED
+                and not deployed.startswith(("TLS", "unix", "Sentinel")))
+    assert bool(driven) == expected, (deployed, sources)
 
 
 async def test_async_view(deployed: str) -> None:

@@ -481,27 +481,6 @@ async def test_async_flushed_scripts_are_loaded_once(
         apool_state(found)
 
 
-@pytest.mark.parametrize("path", [LEAN, LEAN_METHODS])
-def test_a_reply_nobody_read_is_never_an_answer(
-    server: RedisServer, path: str
-) -> None:
-    """A reply waiting on a kept connection (a call abandoned without closing it: none of ours
-    does) is found before the next call's send, which goes out on a new connection."""
-    with on(server, path):
-        limited = policy()
-        found = channel(path)
-        assert limited.hit("a").remaining == 99
-        (conn,) = found._idle  # type: ignore[union-attr]
-        stale = conn._sock
-        stale.sendall(b"*1\r\n$4\r\nPING\r\n")  # its +PONG is never read
-        assert select.select([stale], [], [], 5)[0]  # it has landed
-        with recorded(server) as rec:
-            assert limited.hit("a").remaining == 98
-        assert calls(rec) == ["EVALSHA"]
-        assert conn._sock is not stale
-        pool_state(get_client().connection_pool, found)
-
-
 @pytest.mark.socket_path
 def test_kept_connections_make_no_poll(
     server: RedisServer, monkeypatch: pytest.MonkeyPatch
@@ -550,47 +529,45 @@ def test_connections_given_back_time_out_as_redis_pys(server: RedisServer) -> No
             get_client().execute_command("PING")
 
 
-@pytest.mark.parametrize("path", [LEAN, LEAN_METHODS])
-def test_a_connection_marked_for_a_reconnect_is_reconnected_first(
-    server: RedisServer, path: str
-) -> None:
+def a_reply_nobody_read(conn: Any) -> None:
+    """A reply waiting on the connection (a call abandoned without closing it: none of ours
+    does): never the answer to the next call."""
+    conn._sock.sendall(b"*1\r\n$4\r\nPING\r\n")  # its +PONG is never read
+    assert select.select([conn._sock], [], [], 5)[0]  # it has landed
+
+
+def marked_for_a_reconnect(conn: Any) -> None:
     """redis-py marks a connection in use for a reconnect (a server's maintenance notice, a
-    cluster's table change), which the pool does as it comes back: a kept one never comes
-    back, so the next call reconnects it first."""
+    cluster's table change), which the pool does as it comes back: a kept one never does."""
     if not hasattr(redis.connection.Connection, "mark_for_reconnect"):
         pytest.skip(f"redis-py {redis.__version__} marks no connection for a reconnect")
-    with on(server, path):
-        limited = policy()
-        found = channel(path)
-        assert limited.hit("a").remaining == 99
-        (conn,) = found._idle  # type: ignore[union-attr]
-        stale = conn._sock
-        conn.mark_for_reconnect()
-        with recorded(server) as rec:
-            assert limited.hit("a").remaining == 98
-        assert calls(rec) == ["EVALSHA"]
-        assert conn._sock is not stale and not conn.should_reconnect()
-        pool_state(get_client().connection_pool, found)
+    conn.mark_for_reconnect()
 
 
+def closed_under_it(conn: Any) -> None:
+    """The socket closed by another thread, as a pool's ``disconnect`` does mid-way (CI98:
+    redis-py's own check then polls a socket object whose descriptor is -1, a ValueError)."""
+    conn._sock.close()  # the socket object closed, the connection not told
+
+
+@pytest.mark.parametrize("spoil", [a_reply_nobody_read, marked_for_a_reconnect, closed_under_it])
 @pytest.mark.parametrize("path", [LEAN, LEAN_METHODS])
-def test_a_kept_socket_closed_by_another_thread_is_replaced(
-    server: RedisServer, path: str
+def test_a_spoiled_kept_connection_is_replaced_before_the_send(
+    server: RedisServer, path: str, spoil: Any
 ) -> None:
-    """A kept connection's socket closed under it by another thread, as a pool's
-    ``disconnect`` does mid-way (CI98: redis-py's own check then polls a socket object whose
-    descriptor is -1, a ValueError): the next call goes out on a new connection."""
+    """Whatever spoiled a kept connection between two calls is found before the next call's
+    send, which goes out once, on a new connection."""
     with on(server, path):
         limited = policy()
         found = channel(path)
         assert limited.hit("a").remaining == 99
         (conn,) = found._idle  # type: ignore[union-attr]
         stale = conn._sock
-        stale.close()  # the socket object closed, the connection not told
+        spoil(conn)
         with recorded(server) as rec:
             assert limited.hit("a").remaining == 98
         assert calls(rec) == ["EVALSHA"]
-        assert conn._sock is not stale
+        assert conn._sock is not stale and not getattr(conn, "should_reconnect", bool)()
         pool_state(get_client().connection_pool, found)
 
 

@@ -229,10 +229,10 @@ def test_a_reply_in_pieces(pair: tuple[socket.socket, socket.socket]) -> None:
     before = state.received
     reply = b"*3\r\n:1\r\n:2\r\n$5\r\nhello\r\n"
 
-    def dribble() -> None:
+    def dribble() -> None:  # a byte at a time, each read before the next is sent
         for n in range(len(reply)):
             server.sendall(reply[n:n + 1])
-            time.sleep(0.001)
+            until(lambda n=n: state.received > before + n)
 
     writer = threading.Thread(target=dribble)
     writer.start()
