@@ -212,7 +212,7 @@ class KeptConnections:
                 kept = len(self._kept) < self._keep and not self._closed
                 if kept:
                     self._kept.add(conn)
-            if kept and sockets.SOCKET_API and not sockets._on_main_thread():
+            if kept and sockets.applies_here():
                 self._taken_over(conn, None, None)
             return conn
         state = self._direct.get(conn)
@@ -220,7 +220,7 @@ class KeptConnections:
             return conn
         # The main thread takes redis-py's methods (sockets._on_main_thread): nothing of
         # sockets.py on its path, but a socket driven by another thread given its timeout back.
-        driven = sockets.SOCKET_API and not sockets._on_main_thread()
+        driven = sockets.applies_here()
         marked = sockets.mark(conn) if driven else None
         try:
             # The pool's check before a kept connection is used again: data waiting (a push

@@ -216,6 +216,12 @@ def _on_main_thread() -> bool:
     return threading.get_ident() == threading.main_thread().ident
 
 
+def applies_here() -> bool:
+    """Whether this thread's calls on a kept connection may go on its socket: the feature is
+    there (:data:`SOCKET_API`) and this is not the main thread (:func:`_on_main_thread`)."""
+    return SOCKET_API and not _on_main_thread()
+
+
 def mark(conn: Connection) -> tuple[socket.socket, int] | None:
     """``conn``'s socket and the bytes its kernel has received so far, taken before redis-py's
     check: a reply landing after the mark is counted against it, one landing before is seen by
