@@ -285,7 +285,8 @@ class _Values(dict[str, Any]):
 _values = _Values()
 
 # Bumped whenever REDISLUA or CACHES changes: a value derived from the settings on the hot path
-# (a policy's key head, a script's command head) is cached with the generation it was made in.
+# (a policy's key head, a script's command head, a view's rule) is cached with the generation
+# read before it was made.
 generation = 0
 
 
@@ -293,11 +294,13 @@ generation = 0
 def _reset(*, setting: str, **kwargs: Any) -> None:
     global generation, _values
     if setting in ("REDISLUA", "CACHES"):
-        generation += 1
         _merged.cache_clear()
         _values = _Values()  # after the merge: a read in between fills the old one, not this
         for callback in _on_change:
             callback()
+        # Last: a value another thread derived while the caches above were being reset (from
+        # a policy not yet forgotten, say) carries the old generation, and is made again.
+        generation += 1
 
 
 _on_change: list[Any] = []

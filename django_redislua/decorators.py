@@ -23,7 +23,7 @@ from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from django.views import View
 
-from django_redislua import request_layer
+from django_redislua import conf, request_layer
 from django_redislua.limiting.decision import PolicyError
 from django_redislua.limiting.options import CountFailures
 from django_redislua.limiting.policy import Policy
@@ -66,6 +66,8 @@ class Spec:
         self._inline: dict[str, Policy] = {}
         self._rules: dict[Policy, Rule] = {}
         self._lock = threading.Lock()
+        # (settings generation, view name, its Rule): the Rule every request of the view takes.
+        self._last: tuple[int, str, Rule] = (-1, "", cast(Rule, None))
         self.digest = hashlib.sha256(
             "|".join(f"{k}={_stable_repr(v)}" for k, v in sorted(options.items())).encode()
         ).hexdigest()[:8]
@@ -85,8 +87,16 @@ class Spec:
 
     def rule(self, view_name: str) -> RuleOrError:
         """The Rule for this request (cached per policy object, rebuilt when settings change),
-        or the PolicyError saying why it cannot be used."""
-        return resolve_rule(functools.partial(self._rule, view_name))
+        or the PolicyError saying why it cannot be used (not kept: built again each time, so it
+        is logged as it is, and a policy fixed since is used)."""
+        last = self._last
+        if last[0] == conf.generation and last[1] == view_name:
+            return last[2]  # every request of a view: no policy lookup
+        generation = conf.generation  # read first: a change while building makes it stale
+        rule = resolve_rule(functools.partial(self._rule, view_name))
+        if isinstance(rule, Rule):
+            self._last = (generation, view_name, rule)
+        return rule
 
     def _rule(self, view_name: str) -> Rule:
         if self.policy_name is not None:
@@ -113,6 +123,12 @@ class Stack:
     view: Callable[..., Any]
     view_name: str
     owner: object  # the wrapper this stack belongs to (attributes copied by wraps() do not count)
+
+    @functools.cached_property
+    def all_specs(self) -> tuple[Spec, ...]:
+        """Its own specs, then those of @ratelimit wrappers further down ``view``'s chain
+        (:func:`specs_of`): the chain is made when the view is decorated, so it is walked once."""
+        return (*self.specs, *specs_of(self.view))
 
 
 def _own_stack(fn: object) -> Stack | None:
@@ -183,14 +199,14 @@ def _pending(request: HttpRequest, specs: Sequence[Spec], view_name: str) -> lis
 def guard(
     stack: Stack, request: HttpRequest, call: Callable[[], HttpResponseBase]
 ) -> HttpResponseBase:
-    rules = _pending(request, [*stack.specs, *specs_of(stack.view)], stack.view_name)
+    rules = _pending(request, stack.all_specs, stack.view_name)
     return request_layer.guard(request, rules, ratelimit, call)
 
 
 def aguard(
     stack: Stack, request: HttpRequest, call: Callable[[], Awaitable[HttpResponseBase]]
 ) -> Awaitable[HttpResponseBase]:
-    rules = _pending(request, [*stack.specs, *specs_of(stack.view)], stack.view_name)
+    rules = _pending(request, stack.all_specs, stack.view_name)
     return request_layer.aguard(request, rules, ratelimit, call)
 
 

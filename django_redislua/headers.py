@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from django_redislua.conf import settings
 from django_redislua.limiting.calendar import period_seconds
-from django_redislua.limiting.decision import Decision
+from django_redislua.limiting.decision import Decision, allowed_of
 from django_redislua.limiting.definition import CALENDAR, WINDOW_ALGORITHMS, PolicyDefinition
 
 # draft-ietf-httpapi-ratelimit-headers-11, section 3.1.2: the quota unit of a concurrency limit.
@@ -132,7 +132,7 @@ def rate_limit_headers(
     headers: dict[str, str] = {}
     if not decisions:
         return headers
-    denied = [d for d in decisions if not d.allowed]
+    denied = [] if all(map(allowed_of, decisions)) else [d for d in decisions if not d.allowed]
     if denied and retry_after:
         wait = retry_after_seconds(decisions)
         if wait is not None:

@@ -22,6 +22,7 @@ from typing import Any, cast
 from django.conf import settings as django_settings
 from django.http import HttpRequest
 
+from django_redislua import conf
 from django_redislua.conf import settings
 from django_redislua.limiting.decision import PolicyError
 from django_redislua.limiting.identity import ABSENT, ABSENT_TEXT
@@ -71,15 +72,20 @@ def masked(raw: str) -> str | None:
     """``raw`` as a key: the address masked to its network (``IPV4_MASK``/``IPV6_MASK``), or
     None when it is not an address."""
     masking = _masked_by if len(raw) <= REMEMBERED_ADDRESS_TEXT else _masked_by.__wrapped__
-    return masking(raw, settings.IPV4_MASK, settings.IPV6_MASK)
+    return masking(raw, conf.generation)
 
 
 @functools.lru_cache(maxsize=4096)
-def _masked_by(raw: str, ipv4_mask: int, ipv6_mask: int) -> str | None:
+def _masked_by(raw: str, generation: int) -> str | None:
+    """Masked under the settings of ``generation`` (read before the masks: a change while
+    masking makes the entry stale, never wrong for the new masks)."""
     address = _parse_address(raw)
     if address is None:
         return None
-    prefix = ipv4_mask if isinstance(address, ipaddress.IPv4Address) else ipv6_mask
+    if isinstance(address, ipaddress.IPv4Address):
+        prefix = settings.IPV4_MASK
+    else:
+        prefix = settings.IPV6_MASK
     if prefix >= address.max_prefixlen:
         return str(address)
     return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))

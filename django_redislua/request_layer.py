@@ -38,7 +38,7 @@ from django_redislua.atransport import arun
 from django_redislua.conf import settings
 from django_redislua.connection import CLIENT_ERRORS
 from django_redislua.keys import KeyFunc, key_function, normalized
-from django_redislua.limiting.decision import Decision, PolicyError, RateLimited
+from django_redislua.limiting.decision import Decision, PolicyError, RateLimited, allowed_of
 from django_redislua.limiting.definition import (
     PolicyDefinition,
     RateCallableError,
@@ -103,7 +103,7 @@ class Rule:
             if planned_policy is None:  # the plan says: unlimited
                 return None
             policy = planned_policy
-        elif policy.is_dynamic:
+        elif policy._rate_callable is not None:  # dynamic (no plan: checked above)
             try:
                 resolved = policy.resolved_for(request)
             except RateCallableError as exc:
@@ -181,6 +181,8 @@ class Outcome(NamedTuple):
 
     @property
     def blocked(self) -> bool:
+        if all(map(allowed_of, self.decisions)):  # the common case, without a Python loop
+            return False
         pairs = zip(self.rules, self.decisions, strict=True)
         return any(not decision.allowed and rule.block for rule, decision in pairs)
 
@@ -244,6 +246,12 @@ def record_shadow(request: HttpRequest, decisions: Sequence[Decision]) -> None:
 def _outcome(rules: Sequence[Rule], decisions: Sequence[Decision | None]) -> Outcome:
     """What ``decisions`` (one per rule; None: left undecided, Redis failed) come to. The
     Outcome blocks on enforced Decisions only; a shadow policy's never does."""
+    if len(decisions) == 1 and decisions[0] is not None:  # a request's common case, unrolled
+        only = decisions[0]
+        one = (only,)
+        enforced = not only.policy.shadow
+        return Outcome(tuple(rules) if enforced else (), one if enforced else (), False,
+                       one if only.lease is not None else (), refunds_of(one), one)
     made: list[Decision] = []
     paired: list[Rule] = []
     shown: list[Decision] = []
@@ -260,10 +268,11 @@ def _outcome(rules: Sequence[Rule], decisions: Sequence[Decision | None]) -> Out
 def _record(request: HttpRequest, outcome: Outcome) -> None:
     """Put the enforced Decisions on ``request.ratelimit`` (and ``request.limited``), the
     shadow ones on ``request.ratelimit_shadow``, after those earlier layers put there."""
-    record_shadow(request, outcome.made)
+    if len(outcome.made) != len(outcome.decisions):  # made beyond the enforced: shadow ones
+        record_shadow(request, outcome.made)
     previous = getattr(request, "ratelimit", None)
     request.ratelimit = [*(previous or []), *outcome.decisions]  # type: ignore[attr-defined]
-    limited = any(not d.allowed for d in outcome.decisions)
+    limited = not all(map(allowed_of, outcome.decisions))
     request.limited = getattr(request, "limited", False) or limited  # type: ignore[attr-defined]
 
 
@@ -447,7 +456,7 @@ def decide(request: HttpRequest, rules: Iterable[RuleOrError], sender: Any, *,
         made = exc
     outcome = _single_concluded(request, applied, checks, made)
     # signalling sends for denials only: an allowed request (the hot path) skips its protocol.
-    if any(not decision.allowed for decision in outcome.made):
+    if not all(map(allowed_of, outcome.made)):
         run(signalling(request, outcome.made, sender))
     return outcome
 
@@ -547,7 +556,7 @@ async def aguard(request: HttpRequest, rules: Sequence[RuleOrError], sender: Any
     except CLIENT_ERRORS as exc:
         made = exc
     outcome = _single_concluded(request, applied, checks, made)
-    if any(not decision.allowed for decision in outcome.made):
+    if not all(map(allowed_of, outcome.made)):
         await arun(signalling(request, outcome.made, sender))
     if not outcome.plain:
         return await arun(answering(request, outcome, view))

@@ -126,9 +126,10 @@ class Script:
         keys, the keys and the arguments. Cached per settings (it depends on USE_FUNCTIONS)."""
         cached = self._head
         if cached[0] != conf.generation:
+            generation = conf.generation  # read first: a change while building makes it stale
             head = (("FCALL", function_name(self, registry.library()[0])) if settings.USE_FUNCTIONS
                     else ("EVALSHA", self.sha))
-            cached = self._head = (conf.generation, head)
+            cached = self._head = (generation, head)
         return cached[1]
 
     def load_command(self) -> tuple[str, ...]:

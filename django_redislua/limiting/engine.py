@@ -234,9 +234,10 @@ def _single_call(policy: PolicyDefinition) -> tuple[int, Script, tuple[Any, ...]
     decide: a policy derived with another rate (``with_rate``) copies the cache, and reads its
     own limit and period; one that keeps its rate (a rate callable's) builds its own, with one
     key more."""
+    generation = conf.generation  # read first: a change while building makes it stale
     script = get_script(SCRIPT_ONE[policy.code])
     keys = 3 if policy.keeps_rate else 2  # with the key keeping a rate callable's rate
-    call = policy._single_call = (conf.generation, script, (*script.head(), keys))
+    call = policy._single_call = (generation, script, (*script.head(), keys))
     return call
 
 

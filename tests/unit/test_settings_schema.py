@@ -18,6 +18,7 @@ from django.test import override_settings
 from django_redislua import conf
 from django_redislua.checks import FIXES, check_settings
 from django_redislua.conf import DEFAULTS, SCHEMA, Setting, Settings, settings
+from django_redislua.decorators import Spec
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -172,6 +173,24 @@ def test_reads_are_live_under_override_settings() -> None:
         assert ran == ["other", "inner", "other", prefix, prefix, prefix]
     finally:
         conf._on_change.remove(callback)
+
+
+def test_a_value_made_while_the_settings_change_is_made_again() -> None:
+    """The generation moves once every cache is reset: what another thread derives in between
+    (here a view's rule, from a policy the registry has not forgotten yet) carries the old
+    generation and is made again from the new settings."""
+    spec = Spec("generation", None, {})
+    made: list[Any] = []
+    with override_settings(REDISLUA={"POLICIES": {"generation": {"rate": "5/m"}}}):
+        assert spec.rule("view").policy.limit == 5  # type: ignore[union-attr]
+        # First in line: it runs before the registry forgets the policies it built.
+        conf._on_change.insert(0, lambda: made.append(spec.rule("view")))
+        try:
+            with override_settings(REDISLUA={"POLICIES": {"generation": {"rate": "7/m"}}}):
+                assert [rule.policy.limit for rule in made] == [5]
+                assert spec.rule("view").policy.limit == 7  # type: ignore[union-attr]
+        finally:
+            del conf._on_change[0]
 
 
 def test_dict_and_list_settings_read_as_fresh_copies() -> None:
