@@ -296,11 +296,14 @@ def _reset(*, setting: str, **kwargs: Any) -> None:
     if setting in ("REDISLUA", "CACHES"):
         _merged.cache_clear()
         _values = _Values()  # after the merge: a read in between fills the old one, not this
-        for callback in _on_change:
-            callback()
-        # Last: a value another thread derived while the caches above were being reset (from
-        # a policy not yet forgotten, say) carries the old generation, and is made again.
-        generation += 1
+        try:
+            for callback in _on_change:
+                callback()
+        finally:
+            # Last: a value another thread derived while the caches above were being reset
+            # (from a policy not yet forgotten, say) carries the old generation, and is made
+            # again; and whatever a callback raised, the settings did change.
+            generation += 1
 
 
 _on_change: list[Any] = []

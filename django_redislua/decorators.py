@@ -16,7 +16,7 @@ import functools
 import hashlib
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction
@@ -124,11 +124,12 @@ class Stack:
     view_name: str
     owner: object  # the wrapper this stack belongs to (attributes copied by wraps() do not count)
 
-    @functools.cached_property
-    def all_specs(self) -> tuple[Spec, ...]:
-        """Its own specs, then those of @ratelimit wrappers further down ``view``'s chain
-        (:func:`specs_of`): the chain is made when the view is decorated, so it is walked once."""
-        return (*self.specs, *specs_of(self.view))
+    # Its own specs, then those of @ratelimit wrappers further down ``view``'s chain
+    # (:func:`specs_of`): the chain is made before this wrapper, so it is walked once, here.
+    all_specs: tuple[Spec, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "all_specs", (*self.specs, *specs_of(self.view)))
 
 
 def _own_stack(fn: object) -> Stack | None:

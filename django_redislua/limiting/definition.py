@@ -466,10 +466,10 @@ class PolicyDefinition:
     def _heads(self) -> tuple[int, str, str]:
         head = self._key_head  # every decision builds a key: the head is built once per settings
         if head[0] != conf.generation:
+            generation = conf.generation  # read first: a change while building makes it stale
             prefix = settings.KEY_PREFIX
             head = self._key_head = (
-                conf.generation, f"{prefix}:{self.name}:{self.code}:{{",
-                f"{prefix}:{OVERRIDES}:{{")
+                generation, f"{prefix}:{self.name}:{self.code}:{{", f"{prefix}:{OVERRIDES}:{{")
         return head
 
 

@@ -41,12 +41,17 @@ def build_policy(name: str, options: Any) -> Policy:
 _lock = threading.Lock()
 # name -> the built policy, or (check id, message) of the PolicyError building it raised.
 _built: dict[str, Policy | tuple[str, str]] = {}
+# How many times the settings changed (under _lock): a policy built from settings read before
+# a change is not kept after it.
+_forgotten = 0
 
 
 @on_change
 def _forget() -> None:
+    global _forgotten
     with _lock:
         _built.clear()
+        _forgotten += 1
 
 
 def get_policy(name: str) -> Policy:
@@ -57,6 +62,7 @@ def get_policy(name: str) -> Policy:
     """
     built = _built.get(name)
     if built is None:
+        read_after = _forgotten  # before the settings are read
         policies = settings.POLICIES
         if name not in policies:
             known = ", ".join(sorted(policies)) or "none"
@@ -68,7 +74,8 @@ def get_policy(name: str) -> Policy:
         except PolicyError as exc:
             built = (exc.check_id, str(exc))
         with _lock:
-            built = _built.setdefault(name, built)
+            if _forgotten == read_after:  # else built from settings changed since: used once
+                built = _built.setdefault(name, built)
     if isinstance(built, tuple):
         raise PolicyError(*built)  # a new one each time: re-raising one would grow its traceback
     return built

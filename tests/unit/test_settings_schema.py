@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from django_redislua import conf
 from django_redislua.checks import FIXES, check_settings
 from django_redislua.conf import DEFAULTS, SCHEMA, Setting, Settings, settings
 from django_redislua.decorators import Spec
+from django_redislua.limiting import Policy, definition, registry
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -191,6 +193,76 @@ def test_a_value_made_while_the_settings_change_is_made_again() -> None:
                 assert spec.rule("view").policy.limit == 7  # type: ignore[union-attr]
         finally:
             del conf._on_change[0]
+
+
+def test_a_policy_built_from_settings_that_changed_meanwhile_is_not_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that read POLICIES before a change and builds after it gets the policy it read
+    (its call began before the change), but the registry does not keep it for later calls."""
+    read, changed = threading.Event(), threading.Event()
+    build = registry.build_policy
+
+    def paused(name: str, options: Any) -> Any:
+        read.set()  # POLICIES read: the change happens now
+        assert changed.wait(5)
+        return build(name, options)
+
+    with override_settings(REDISLUA={"POLICIES": {"built": {"rate": "5/m"}}}):
+        monkeypatch.setattr(registry, "build_policy", paused)
+        slow: list[Any] = []
+        thread = threading.Thread(target=lambda: slow.append(registry.get_policy("built")))
+        thread.start()
+        assert read.wait(5)
+        monkeypatch.setattr(registry, "build_policy", build)
+        with override_settings(REDISLUA={"POLICIES": {"built": {"rate": "7/m"}}}):
+            changed.set()
+            thread.join()
+            assert [policy.limit for policy in slow] == [5]
+            assert registry.get_policy("built").limit == 7
+            assert Spec("built", None, {}).rule("view").policy.limit == 7  # type: ignore[union-attr]
+
+
+def test_a_key_head_made_while_the_prefix_changes_is_made_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy's key head read the prefix, then the settings changed before it was kept: it is
+    kept under the generation read first, so the next key has the new prefix."""
+    read, changed = threading.Event(), threading.Event()
+
+    class Pausing:
+        def __getattr__(self, name: str) -> Any:
+            value = getattr(settings, name)
+            if name == "KEY_PREFIX" and threading.current_thread().name == "deciding":
+                read.set()
+                assert changed.wait(5)
+            return value
+
+    policy = Policy("heads", rate="5/m")
+    with override_settings(REDISLUA={"KEY_PREFIX": "old"}):
+        monkeypatch.setattr(definition, "settings", Pausing())
+        thread = threading.Thread(target=lambda: policy.redis_key("x"), name="deciding")
+        thread.start()
+        assert read.wait(5)
+        with override_settings(REDISLUA={"KEY_PREFIX": "new"}):
+            changed.set()
+            thread.join()
+            assert policy.redis_key("x").startswith("new:")
+
+
+def test_the_generation_moves_when_a_settings_callback_raises() -> None:
+    """Whatever a callback raised, the settings did change: what was derived from them before
+    is made again."""
+    before = conf.generation
+
+    def failing() -> None:
+        raise RuntimeError("a callback's own bug")
+
+    conf._on_change.insert(0, failing)
+    try:
+        with pytest.raises(RuntimeError), override_settings(REDISLUA={"KEY_PREFIX": "moved"}):
+            pass
+    finally:
+        conf._on_change.remove(failing)
+    assert conf.generation > before
 
 
 def test_dict_and_list_settings_read_as_fresh_copies() -> None:
