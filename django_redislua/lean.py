@@ -155,13 +155,18 @@ def packed(pack: Any, args: Command) -> bytes | None:
 
 
 def _give_back(pool: Any, idle: list[Connection], kept: set[Connection],
-               direct: dict[Connection, sockets.Direct]) -> None:
-    """Return every idle kept connection to ``pool`` (a sync pool's ``release``)."""
+               direct: dict[Connection, sockets.Direct], owner: int) -> None:
+    """Return every idle kept connection to ``pool`` (a sync pool's ``release``). In a forked
+    child (``owner`` is the pid they were kept in), their sockets are the parent's too: none
+    gets its Python timeout back, which would make the socket non-blocking for the parent
+    driving it (redis-py's pool closes the child's copies without shutting them down)."""
+    mine = os.getpid() == owner
     while idle:
         conn = idle.pop()
         kept.discard(conn)
         try:
-            _restored(conn, direct)
+            if mine:
+                _restored(conn, direct)
         finally:
             pool.release(conn)
 
@@ -192,13 +197,14 @@ class KeptConnections:
         self._kept: set[Connection] = set()
         self._direct: dict[Connection, sockets.Direct] = {}  # kept ones driven by sockets.py
         self._lock = threading.Lock()
+        pid = os.getpid()
         # Collected without close(): the kept connections still go back to the pool.
         self._finalizer = weakref.finalize(self, _give_back, self.pool, self._idle, self._kept,
-                                           self._direct)
+                                           self._direct, pid)
         # Last: in a forked child, a thread that finds its pid here finds the new lists too,
         # never the parent's connections (whose sockets the parent still uses: a timeout set
         # on one here would make the parent's socket non-blocking under it).
-        self._pid = os.getpid()
+        self._pid = pid
 
     def take(self) -> Connection:
         if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours
@@ -291,8 +297,11 @@ class KeptConnections:
         """Give every kept connection back to the pool (one in use goes back when its call
         ends); connections taken after this are borrowed per call."""
         self._closed = True
+        if self._pid != os.getpid():  # a forked child: the parent's are not its own to give
+            self._finalizer.detach()  # (nor its lock, which a parent's thread may have held)
+            self._reset()
         with self._lock:
-            _give_back(self.pool, self._idle, self._kept, self._direct)
+            _give_back(self.pool, self._idle, self._kept, self._direct, self._pid)
 
 
 class AsyncKeptConnections:

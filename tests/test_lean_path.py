@@ -21,6 +21,7 @@ leaked for the life of the process.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import gc
 import json
 import logging
@@ -768,6 +769,47 @@ def test_forked_child_uses_its_own_connection(server: RedisServer) -> None:
         assert lean_call(found, "CLIENT", "ID") == parent_id
         assert limited.peek("child").remaining == 100 - 2  # the child's calls counted
         pool_state(get_client().connection_pool, found)
+
+
+@pytest.mark.skipif(not sockets.SOCKET_API, reason="kept connections driven on their sockets")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+@pytest.mark.parametrize("how", ["close", "collected", "close, the lock held"])
+def test_a_forked_child_giving_up_the_parents_connections_leaves_their_sockets_alone(
+        server: RedisServer, how: str) -> None:
+    """A child that never used the kept connections it inherited and drops them (a settings
+    change closes the transport; the interpreter's exit runs the finalizer) must not give
+    their sockets a Python timeout: that makes the socket non-blocking for both processes,
+    and the parent's blocking receive fails at once (EAGAIN) on the next call. Nor may it wait
+    for their lock, which a thread of the parent may have held when it forked (never freed
+    in the child)."""
+    with on(server, LEAN):
+        limited = policy()
+        found = channel(LEAN)
+        assert found is not None
+        assert in_thread(lambda: limited.hit("parent")).allowed  # driven on its socket
+        (driven,) = found._direct
+        descriptor = driven._sock.fileno()
+        assert not fcntl.fcntl(descriptor, fcntl.F_GETFL) & os.O_NONBLOCK
+        held = how == "close, the lock held"
+        if held:
+            found._lock.acquire()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports by its exit status
+            code = 1
+            try:
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not a Python handler's
+                signal.alarm(5)  # stuck on the lock: killed by the signal, the parent sees it
+                found._finalizer() if how == "collected" else found.close()
+                code = 0
+            finally:
+                os._exit(code)
+        if held:
+            found._lock.release()
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert not fcntl.fcntl(descriptor, fcntl.F_GETFL) & os.O_NONBLOCK
+        assert in_thread(lambda: limited.hit("parent")).allowed
+        assert found._direct  # still driven on its socket
 
 
 # -- 8. pool limits ----------------------------------------------------------------------------
