@@ -273,7 +273,8 @@ def main() -> int:
               f"{row['bare_cpu_us']:22.0f} {row['limited_cpu_us']:8.0f}")
     print(f"In one process and thread, CPU us per call ({args.layer_rounds} rounds of "
           f"{args.calls} calls, medians): "
-          + ", ".join(f"{name} {taken:.1f}" for name, taken in layer.items()))
+          + ", ".join(f"{name} {taken:.2f}" if name.endswith("x PING") else f"{name} {taken:.1f}"
+                      for name, taken in layer.items()))
     if args.json:
         args.json.write_text(json.dumps({"servers": results, "cpu_us": layer}, indent=1))
     return 0
