@@ -15,7 +15,9 @@ so it weighs on both alike; it shares the machine's cores with the server and Re
 load generator on one host does). One round measures, for each server, the bare and the
 limited view ``--seconds`` each in a shuffled (seeded) order after a warm-up; the figures are
 medians over ``--rounds`` rounds: requests/s, the limited view's ratio to the bare one within
-the round, and the server's CPU per request (its processes' user+system time, /proc). Any
+the round, the server's CPU per request (its processes' user+system time, /proc) and its
+threads' context switches per request (a thread waiting for the interpreter lock, or for a
+socket, is switched out: the cost of threads handing the lock to each other). Any
 response but a 200 fails the run. Uses REDIS_URL if set (loopback only), else starts its own
 loopback server. Every loop is bounded by count and by time.
 
@@ -86,9 +88,11 @@ def servers(args: argparse.Namespace) -> list[Server]:
     ]
 
 
-def process_cpu(pid: int) -> float:
-    """A process's user+system seconds, its children's included (gunicorn's worker)."""
-    total = 0.0
+def process_usage(pid: int) -> tuple[float, int]:
+    """A process's user+system seconds and its threads' context switches (voluntary and not:
+    a thread that waits for the interpreter lock or a socket is switched out), its children's
+    included (gunicorn's worker)."""
+    total, switches = 0.0, 0
     pids = [pid]
     while pids:
         current = pids.pop()
@@ -98,9 +102,12 @@ def process_cpu(pid: int) -> float:
             for task in Path(f"/proc/{current}/task").iterdir():
                 children = (task / "children").read_text().split()
                 pids.extend(int(child) for child in children)
+                for line in (task / "status").read_text().splitlines():
+                    if "ctxt_switches:" in line:  # voluntary_ and nonvoluntary_
+                        switches += int(line.split(":")[1])
         except (OSError, ValueError):
             continue
-    return total
+    return total, switches
 
 
 async def one_client(port: int, path: str, stop_at: float, counts: list[int]) -> None:
@@ -137,12 +144,17 @@ async def load(port: int, path: str, clients: int, seconds: float) -> int:
     return sum(counts)
 
 
-def measure(server: Server, pid: int, path: str, seconds: float) -> tuple[float, float]:
-    """(requests/s, server CPU us per request) of ``path``."""
-    cpu, started = process_cpu(pid), time.perf_counter()
+def measure(server: Server, pid: int, path: str, seconds: float
+            ) -> tuple[float, float, float]:
+    """(requests/s, server CPU us per request, server context switches per request) of
+    ``path``."""
+    (cpu, switches), started = process_usage(pid), time.perf_counter()
     answered = asyncio.run(load(server.port, path, server.clients, seconds))
-    took, cpu = time.perf_counter() - started, process_cpu(pid) - cpu
-    return answered / took, cpu / max(answered, 1) * 1e6
+    took = time.perf_counter() - started
+    cpu_after, switches_after = process_usage(pid)
+    answered = max(answered, 1)
+    return (answered / took, (cpu_after - cpu) / answered * 1e6,
+            (switches_after - switches) / answered)
 
 
 @contextmanager
@@ -243,7 +255,7 @@ def main() -> int:
             with serving(server, url) as pid:
                 for path in (server.bare, server.limited):  # warm-up: imports, connections
                     measure(server, pid, path, min(args.seconds, 1.0))
-                rounds: list[dict[str, tuple[float, float]]] = []
+                rounds: list[dict[str, tuple[float, float, float]]] = []
                 for _ in range(args.rounds):
                     paths = [server.bare, server.limited]
                     shuffle.shuffle(paths)
@@ -257,6 +269,8 @@ def main() -> int:
                 "ratios": sorted(r[server.limited][0] / r[server.bare][0] for r in rounds),
                 "bare_cpu_us": statistics.median(r[server.bare][1] for r in rounds),
                 "limited_cpu_us": statistics.median(r[server.limited][1] for r in rounds),
+                "bare_switches": statistics.median(r[server.bare][2] for r in rounds),
+                "limited_switches": statistics.median(r[server.limited][2] for r in rounds),
                 "clients": server.clients,
             }
         layer = layer_cpu(url, args.calls, args.layer_rounds)
@@ -266,11 +280,13 @@ def main() -> int:
     print(f"Python {platform.python_version()}, {args.rounds} rounds of {args.seconds} s "
           "per view; medians")
     print(f"{'server':44} {'bare/s':>8} {'limited/s':>9} {'ratio':>6} [min-max]   "
-          f"{'server CPU us/req bare':>22} {'limited':>8}")
+          f"{'server CPU us/req bare':>22} {'limited':>8}   "
+          f"{'context switches/req bare':>25} {'limited':>8}")
     for name, row in results.items():
         print(f"{name:44} {row['bare_rps']:8.0f} {row['limited_rps']:9.0f} "
               f"{row['ratio']:6.2f} [{row['ratios'][0]:.2f}-{row['ratios'][-1]:.2f}] "
-              f"{row['bare_cpu_us']:22.0f} {row['limited_cpu_us']:8.0f}")
+              f"{row['bare_cpu_us']:22.0f} {row['limited_cpu_us']:8.0f}   "
+              f"{row['bare_switches']:25.1f} {row['limited_switches']:8.1f}")
     print(f"In one process and thread, CPU us per call ({args.layer_rounds} rounds of "
           f"{args.calls} calls, medians): "
           + ", ".join(f"{name} {taken:.2f}" if name.endswith("x PING") else f"{name} {taken:.1f}"
