@@ -219,7 +219,7 @@ class KeptConnections:
                 if kept:
                     self._kept.add(conn)
             if kept and sockets.applies_here():
-                self._taken_over(conn, None, None)
+                self._taken_over(conn, None)
             return conn
         state = self._direct.get(conn)
         if state is not None and state.vouches(conn) and not _marked_for_reconnect(conn):
@@ -245,14 +245,12 @@ class KeptConnections:
                 self._idle.append(conn)
                 raise
         if driven:
-            self._taken_over(conn, state, marked)
-        elif state is not None:
-            del self._direct[conn]
-            state.restore(conn)
+            self._taken_over(conn, marked)
+        else:
+            _restored(conn, self._direct)
         return conn
 
-    def _taken_over(self, conn: Connection, previous: sockets.Direct | None,
-                    marked: tuple[Any, int] | None) -> None:
+    def _taken_over(self, conn: Connection, marked: tuple[Any, int] | None) -> None:
         """``conn`` driven on its socket from now on where sockets.py applies; else as
         redis-py set it up (its socket's Python timeout back, if this drove it before)."""
         try:
@@ -262,9 +260,7 @@ class KeptConnections:
             self.give(conn)  # not lost to the pool
             raise
         if state is None:
-            self._direct.pop(conn, None)
-            if previous is not None:
-                previous.restore(conn)
+            _restored(conn, self._direct)
         else:
             self._direct[conn] = state
 

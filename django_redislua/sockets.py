@@ -60,7 +60,8 @@ Connection = Any  # redis-py's sync connection: its socket and parser are untype
 
 _TCP_INFO = getattr(socket, "TCP_INFO", None)
 _ESTABLISHED = 1  # tcp_info.tcpi_state
-_INFO_LENGTH = 136  # through tcpi_bytes_received, a u64 at offset 128 (Linux 4.1)
+_RECEIVED_AT = 128  # tcpi_bytes_received, a u64 (Linux 4.1)
+_INFO_LENGTH = _RECEIVED_AT + 8  # tcp_info read through it
 _RECEIVED = struct.Struct("=Q")
 _FIELD = {16: "q", 8: "l"}  # struct timeval's two fields by its size: 64-bit or 32-bit
 # redis-py's message for a socket the server closed (its parsers' SERVER_CLOSED_CONNECTION_ERROR)
@@ -116,7 +117,7 @@ class Direct:
         except OSError:  # closed by another thread meanwhile
             return False
         return (info[0] == _ESTABLISHED
-                and _RECEIVED.unpack_from(info, 128)[0] == self.received)
+                and _RECEIVED.unpack_from(info, _RECEIVED_AT)[0] == self.received)
 
     def send(self, chunks: list[bytes] | tuple[bytes, ...]) -> None:
         """Packed commands written; a failure leaves the connection for the caller to close.
@@ -243,7 +244,7 @@ def kernel_received(sock: socket.socket) -> int | None:
         return None
     if len(info) < _INFO_LENGTH:
         return None
-    return int(_RECEIVED.unpack_from(info, 128)[0])
+    return int(_RECEIVED.unpack_from(info, _RECEIVED_AT)[0])
 
 
 def direct_state(conn: Connection, marked: tuple[socket.socket, int] | None) -> Direct | None:

@@ -234,7 +234,7 @@ def test_without_the_socket_api_kept_connections_use_redis_pys_methods(
     try:
         assert sockets.mark(conn) is None
         kept = lean.KeptConnections(redis.ConnectionPool(host="127.0.0.1", port=1))
-        kept._taken_over(conn, None, None)
+        kept._taken_over(conn, None)
         assert conn not in kept._direct
     finally:
         conn._sock.close()
